@@ -1,0 +1,159 @@
+"""Tests for md4jax.model: shapes/dtypes, masking direction, adaLN-Zero, RoPE."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from md4jax.model import Transformer, apply_rope, count_params, flops_per_token
+
+V, B, L = 11, 2, 8
+
+
+def _model(**kw):
+  cfg = dict(vocab_size=V, num_layers=2, model_dim=32, num_heads=4, mlp_dim=64)
+  cfg.update(kw)
+  return Transformer(**cfg)
+
+
+def _tokens(seed=0):
+  # Ids in [0, V] inclusive: V is the mask id and must be a valid input.
+  return jax.random.randint(jax.random.key(seed), (B, L), 0, V + 1, dtype=jnp.int32)
+
+
+def _alpha(value=0.3):
+  return jnp.full((B,), value, jnp.float32)
+
+
+def _perturb(params, scale=0.1, seed=123):
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, noisy)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("time_conditioning", ["none", "adaln"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_shape_dtype(causal, time_conditioning, dtype):
+  model = _model(causal=causal, time_conditioning=time_conditioning, dtype=dtype)
+  tokens = _tokens()
+  tokens = tokens.at[0, 0].set(V)  # make sure the mask id is present
+  alpha = _alpha() if time_conditioning == "adaln" else None
+  params = model.init(jax.random.key(1), tokens, alpha)
+  logits = model.apply(params, tokens, alpha)
+  # Last dim is the clean vocabulary: no logit for the mask id.
+  assert logits.shape == (B, L, V)
+  assert logits.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(logits)))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  # The embedding has one extra row for the mask id.
+  assert params["params"]["embed"]["embedding"].shape == (V + 1, 32)
+
+
+def test_causal_masking():
+  model = _model(causal=True)
+  tokens = _tokens()
+  params = model.init(jax.random.key(1), tokens)
+  j = 5
+  changed = tokens.at[:, j].set((tokens[:, j] + 1) % (V + 1))
+  a, b = model.apply(params, tokens), model.apply(params, changed)
+  np.testing.assert_array_equal(np.asarray(a[:, :j]), np.asarray(b[:, :j]))
+  assert bool(jnp.all(jnp.abs(a[:, j] - b[:, j]).max(axis=-1) > 1e-4))
+
+
+def test_bidirectional_sees_future():
+  model = _model(causal=False)
+  tokens = _tokens()
+  params = model.init(jax.random.key(1), tokens)
+  j = L - 1
+  changed = tokens.at[:, j].set((tokens[:, j] + 1) % (V + 1))
+  a, b = model.apply(params, tokens), model.apply(params, changed)
+  # Every earlier position in every sequence is affected by the last token.
+  assert bool(jnp.all(jnp.abs(a[:, :j] - b[:, :j]).max(axis=-1) > 1e-4))
+
+
+def test_adaln_zero_init_ignores_alpha_until_trained():
+  model = _model(time_conditioning="adaln")
+  tokens = _tokens()
+  params = model.init(jax.random.key(1), tokens, _alpha(0.1))
+  lo, hi = _alpha(0.1), _alpha(0.9)
+  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, lo)),
+                                np.asarray(model.apply(params, tokens, hi)))
+  # The zero-initialized modulation is what makes it exact.
+  assert not any(bool(jnp.any(k)) for k in jax.tree.leaves(params["params"]["block_0"]["adaln"]))
+  noisy = _perturb(params)
+  diff = jnp.abs(model.apply(noisy, tokens, lo) - model.apply(noisy, tokens, hi)).max()
+  assert float(diff) > 1e-3
+
+
+def test_none_conditioning_ignores_alpha():
+  model = _model()
+  tokens = _tokens()
+  params = model.init(jax.random.key(1), tokens)
+  assert "time_in" not in params["params"]
+  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens)),
+                                np.asarray(model.apply(params, tokens, _alpha(0.5))))
+
+
+def test_rope_relative_position():
+  dh = 16
+  kq, kk = jax.random.split(jax.random.key(0))
+  q = jax.random.normal(kq, (1, 1, dh))  # [L=1, H=1, Dh]
+  k = jax.random.normal(kk, (1, 1, dh))
+
+  def score(m, n):
+    return jnp.sum(apply_rope(q, jnp.array([m])) * apply_rope(k, jnp.array([n])))
+
+  # Same offset m - n at different absolute positions -> same score.
+  np.testing.assert_allclose(score(3, 1), score(103, 101), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(score(0, 0), score(57, 57), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(score(0, 0), jnp.sum(q * k), rtol=1e-5, atol=1e-5)
+  # A different offset gives a different score (the test is not vacuous).
+  assert abs(float(score(3, 1) - score(1, 3))) > 1e-3
+  # Rotation preserves norms; output dtype follows input.
+  x = apply_rope(q, jnp.array([7]))
+  np.testing.assert_allclose(jnp.linalg.norm(x), jnp.linalg.norm(q), rtol=1e-5)
+  assert apply_rope(q.astype(jnp.bfloat16), jnp.array([7])).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("kwargs, alpha, match", [
+    (dict(time_conditioning="film"), None, "unknown time_conditioning"),
+    (dict(model_dim=30, num_heads=4), None, "not divisible by num_heads"),
+    (dict(model_dim=12, num_heads=4), None, "must be even for RoPE"),
+    (dict(time_conditioning="adaln"), None, "requires alpha"),
+    (dict(time_conditioning="adaln"), jnp.zeros((B, 1)), "alpha must have shape"),
+])
+def test_bad_arguments(kwargs, alpha, match):
+  with pytest.raises(ValueError, match=match):
+    _model(**kwargs).init(jax.random.key(0), _tokens(), alpha)
+
+
+def test_jit_matches_eager():
+  model = _model(time_conditioning="adaln")
+  tokens, alpha = _tokens(), _alpha(0.7)
+  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  eager = model.apply(params, tokens, alpha)
+  jitted = jax.jit(model.apply)(params, tokens, alpha)
+  np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-5, atol=1e-5)
+
+
+def test_depth_scaled_init():
+  model = _model(num_layers=4, model_dim=64, mlp_dim=256)
+  p = model.init(jax.random.key(0), _tokens())["params"]
+  out_std = 0.02 / math.sqrt(2 * 4)
+  blk = p["block_0"]
+  np.testing.assert_allclose(jnp.std(blk["mlp"]["down"]["kernel"]), out_std, rtol=0.1)
+  np.testing.assert_allclose(jnp.std(blk["attn"]["out"]["kernel"]), out_std, rtol=0.15)
+  np.testing.assert_allclose(jnp.std(blk["mlp"]["up"]["kernel"]), 0.02, rtol=0.1)
+  np.testing.assert_allclose(jnp.std(blk["attn"]["qkv"]["kernel"]), 0.02, rtol=0.1)
+
+
+def test_count_params_and_flops():
+  D, F, N = 32, 64, 2
+  params = _model().init(jax.random.key(0), _tokens())
+  matmul = N * (4 * D * D + 3 * D * F) + D * V
+  norms = N * 2 * D + D
+  assert count_params(params) == matmul + norms + (V + 1) * D
+  assert flops_per_token(N, D, F, L, V) == 2 * matmul + N * 4 * L * D
