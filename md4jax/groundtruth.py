@@ -87,7 +87,7 @@ class MarkovLanguage:
       del alpha_t
       # evidence[ℓ, b, k] = 1 if position ℓ may hold token k given z_t.
       evidence = jnp.where((z_t == mask_id)[..., None], 1.0,
-                           jax.nn.one_hot(z_t, self.vocab_size)).transpose(1, 0, 2)
+                           jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)).transpose(1, 0, 2)
 
       def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
         filtered = message * e

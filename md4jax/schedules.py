@@ -140,7 +140,7 @@ class LogLinear(Schedule):
     return float(self.eps)
 
   def alpha(self, t):
-    return 1.0 - (1.0 - self.eps) * t
+    return self.eps + (1.0 - self.eps) * (1.0 - t)  # Exactly ε at t = 1.
 
   def mask_prob(self, t):
     return (1.0 - self.eps) * jnp.asarray(t)

@@ -1,0 +1,74 @@
+"""Categorical draws with float64-accurate noise, and logit filters (temperature, top-k, top-p).
+
+Gumbel-max with float32 noise cannot produce a Gumbel value above about 16.6
+(the uniform's resolution near 1 is 2^-24), so tokens more than ~16 nats below
+the best one can never be drawn: sampling silently runs at a lower
+temperature (MATH.md, "Reverse process"). Here the exponential variate
+E = −log U behind the Gumbel −log E is built from two 32-bit draws, so E is
+accurate down to 2^-64 even when x64 is off, and the Gumbel reaches ~44.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+NOISE_KINDS = ("float64", "float32")
+
+
+def _accurate_exponential(key: Array, shape) -> Array:
+  """Exponential(1) variates, accurate to float32 relative precision down to 2^-64."""
+  high, low = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
+  two_to_minus_32 = 2.0 ** -32
+  # v = 1 − U is uniform on (0, 1] with 64 random bits; it is stored in float32,
+  # whose relative precision is what matters, since E = −log1p(−v) ≈ v for small v.
+  v = (high.astype(jnp.float32) + (low.astype(jnp.float32) + 0.5) * two_to_minus_32) * two_to_minus_32
+  v = jnp.minimum(v, 1.0 - 2.0 ** -24)  # Rounding may reach 1.0; keep E finite.
+  return -jnp.log1p(-v)
+
+
+def gumbel(key: Array, shape, noise: str = "float64") -> Array:
+  """Standard Gumbel noise; `noise="float32"` is jax.random.gumbel, kept only for comparison."""
+  if noise == "float64":
+    return -jnp.log(_accurate_exponential(key, shape))
+  if noise == "float32":
+    return jax.random.gumbel(key, shape, jnp.float32)
+  raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(NOISE_KINDS)}.")
+
+
+def filter_logits(logits: Array, *, temperature: float = 1.0, top_k: Optional[int] = None,
+                  top_p: Optional[float] = None) -> Array:
+  """Applies temperature, then top-k, then top-p (nucleus) filtering; removed entries get −inf."""
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  if top_k is not None and not 1 <= top_k:
+    raise ValueError(f"top_k must be >= 1 or None, got {top_k}.")
+  if top_p is not None and not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}.")
+  logits = logits.astype(jnp.float32)
+  if temperature > 0:
+    logits = logits / temperature
+  if top_k is not None and top_k < logits.shape[-1]:
+    kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+  if top_p is not None and top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    # Smallest logit kept: the last one whose preceding mass is still below top_p.
+    num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def sample_categorical(key: Array, logits: Array, *, temperature: float = 1.0,
+                       top_k: Optional[int] = None, top_p: Optional[float] = None,
+                       noise: str = "float64") -> Array:
+  """Draws one id per row of logits [..., V] -> [...] int32; temperature 0 is greedy."""
+  logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  if temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jnp.argmax(logits + gumbel(key, logits.shape, noise), axis=-1).astype(jnp.int32)
