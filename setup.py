@@ -25,7 +25,7 @@ setuptools.setup(
         "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3"],
+        "test": ["pytest>=8", "scipy>=1.11"],
         "tf": ["tensorflow-cpu>=2.18"],
     },
 )
