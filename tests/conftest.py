@@ -13,3 +13,10 @@ if "xla_force_host_platform_device_count" not in _flags:
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: long-running test, excluded by default (-m slow runs it)")
+
+
+def pytest_sessionstart(session):
+  # The flag only works if jax was not imported before this file; fail loudly otherwise.
+  import jax  # pylint: disable=g-import-not-at-top
+  assert jax.device_count() == 8 or jax.default_backend() != "cpu", (
+      "jax was imported before tests/conftest.py set XLA_FLAGS; sharding tests need 8 CPU devices.")
