@@ -1,0 +1,46 @@
+r"""MD4 on text8 with the paper's settings: sequence 256, 12 layers, width 768, 12 heads,
+linear schedule, AdamW 3e-4, batch 512, warmup 2000, EMA 0.9999, 1M steps.
+
+  python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8 \
+      --config.data.path=/path/to/text8
+
+data.path is a text8-format file (a-z and single spaces; the unzipped text8 corpus is one);
+its last 10% is held out for evaluation. A short smoke run on the shared dev file:
+
+  python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8_smoke \
+      --config.data.path=../shared/data/wiki_text8_dev.txt --config.batch_size=2 \
+      --config.num_train_steps=3 --config.optimizer.warmup_steps=1 --config.eval.num_sequences=2 \
+      --config.eval.batch_size=2 --config.sample.num_samples=1 --config.sample.num_steps=4
+"""
+
+from md4jax import config_lib
+
+
+def get_config():
+  config = config_lib.base_config()
+  config.batch_size = 512
+  config.num_train_steps = 1_000_000
+  config.log_every_steps = 1000
+  config.eval_every_steps = 50_000
+  config.checkpoint_every_steps = 10_000
+  config.data.dataset = "text8"
+  config.data.vocab_size = 27
+  config.data.seq_len = 256
+  config.data.path = "text8"  # The unzipped corpus in the working directory; override with the real path.
+  config.model.num_layers = 12
+  config.model.model_dim = 768
+  config.model.num_heads = 12
+  # SwiGLU at 2048 matches the parameters of a 4x (3072) GELU MLP.
+  config.model.mlp_dim = 2048
+  config.diffusion.schedule = "linear"
+  config.optimizer.learning_rate = 3e-4
+  config.optimizer.warmup_steps = 2000
+  config.optimizer.b2 = 0.999
+  config.optimizer.ema_decay = 0.9999
+  config.training.max_checkpoints_to_keep = 5
+  config.eval.num_sequences = 2048
+  config.eval.num_mc_samples = 4
+  config.eval.batch_size = 256
+  config.sample.num_samples = 8
+  config.sample.num_steps = 256
+  return config

@@ -1,0 +1,155 @@
+"""The config structure shared by every `configs/*.py`, and its validation.
+
+`base_config()` declares every key once, with what it means; a config file
+overrides values only. `validate_config` holds all checks, so a bad value fails
+before any compilation, with a message naming the key.
+"""
+
+import functools
+
+import ml_collections
+
+from md4jax import diffusion
+from md4jax import sampling
+from md4jax import schedules
+
+DATASETS = ("markov", "text8")
+MODEL_TYPES = ("mdm", "ar")
+TIME_CONDITIONINGS = ("none", "adaln")
+DTYPES = ("float32", "bfloat16")
+# text8: lowercase a-z and space, one id per character.
+TEXT8_VOCAB_SIZE = 27
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the trainer reads, with neutral values; configs override them."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # Seeds the params, the per-step RNG and the training data order.
+  config.batch_size = 64  # Global batch (sequences per step), split over all devices.
+  config.num_train_steps = 1000  # Optimizer steps of the whole run (a resumed run continues to it).
+  config.log_every_steps = 100  # Steps between metrics.jsonl records and progress lines.
+  config.eval_every_steps = 1000  # Steps between evaluations; the last step always evaluates.
+  config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
+
+  config.data = ml_collections.ConfigDict()
+  config.data.dataset = "markov"  # "markov": generated language with exact entropy; "text8": a local file.
+  config.data.vocab_size = 32  # Clean token ids [0, vocab_size); the mask id is vocab_size.
+  config.data.seq_len = 64  # Tokens per training and evaluation sequence.
+  config.data.language_seed = 0  # markov: seeds the transition matrix and the evaluation sequences.
+  config.data.concentration = 0.3  # markov: Dirichlet concentration of transition rows (small = predictable).
+  config.data.path = ""  # text8: a text8-format file (a-z and single spaces); last 10% held out for eval.
+
+  config.model = ml_collections.ConfigDict()
+  config.model.type = "mdm"  # "mdm": bidirectional masked-diffusion denoiser; "ar": causal next-token baseline.
+  config.model.num_layers = 2  # Transformer blocks.
+  config.model.model_dim = 64  # Residual stream width.
+  config.model.num_heads = 4  # Attention heads; model_dim / num_heads must be even (RoPE).
+  config.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
+  config.model.time_conditioning = "none"  # "none" (time-free denoiser) or "adaln" (adaLN-Zero on alpha(t)); "ar" needs "none".
+  config.model.dtype = "float32"  # Compute dtype, "float32" or "bfloat16"; params are always float32.
+
+  config.diffusion = ml_collections.ConfigDict()
+  config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK.
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.learning_rate = 1e-3  # Peak learning rate, reached after the warmup.
+  config.optimizer.warmup_steps = 100  # Linear warmup from 0; then cosine decay to 0 at num_train_steps.
+  config.optimizer.weight_decay = 0.0  # AdamW decoupled decay, on matrices only (not norms, biases).
+  config.optimizer.grad_clip_norm = 1.0  # Gradients are rescaled to at most this global norm.
+  config.optimizer.b1 = 0.9  # Adam first-moment decay.
+  config.optimizer.b2 = 0.99  # Adam second-moment decay.
+  config.optimizer.ema_decay = 0.99  # EMA of params used for eval and sampling; 0 copies the params.
+
+  config.training = ml_collections.ConfigDict()
+  config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
+  config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.num_sequences = 256  # Held-out sequences; the standard error is over them.
+  config.eval.num_mc_samples = 8  # NELBO draws averaged per sequence (mdm only; ar is exact).
+  config.eval.estimator = "mask_count"  # NELBO estimator for eval; mask_count has bounded variance.
+  config.eval.batch_size = 64  # Sequences per evaluation call, split over all devices.
+
+  config.sample = ml_collections.ConfigDict()
+  config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
+  config.sample.num_steps = 64  # Time-grid steps of the mdm sampler (first_hitting and ar take seq_len calls).
+  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, first_hitting or confidence (md4jax.sampling).
+  config.sample.temperature = 1.0  # Softmax temperature of every draw; 1 samples the model, 0 is greedy.
+  return config
+
+
+def _check(condition: bool, message: str):
+  if not condition:
+    raise ValueError(f"Invalid config: {message}")
+
+
+def _check_positive_int(config, name: str):
+  value = functools.reduce(getattr, name.split("."), config)
+  _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+         f"{name} must be a positive integer, got {value!r}.")
+
+
+def _check_choice(value, name: str, choices):
+  _check(value in choices, f"{name}={value!r} is unknown; valid: {', '.join(choices)}.")
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: int):
+  """Raises ValueError naming the key for any invalid or inconsistent value."""
+  for name in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+               "batch_size", "data.seq_len", "data.vocab_size", "model.num_layers",
+               "model.model_dim", "model.num_heads", "model.mlp_dim",
+               "training.max_checkpoints_to_keep", "eval.num_sequences", "eval.num_mc_samples",
+               "eval.batch_size", "sample.num_steps"):
+    _check_positive_int(config, name)
+  for name, batch in (("batch_size", config.batch_size), ("eval.batch_size", config.eval.batch_size)):
+    _check(batch % num_devices == 0,
+           f"{name}={batch} is not divisible by the {num_devices} devices the batch is split over.")
+
+  data = config.data
+  _check_choice(data.dataset, "data.dataset", DATASETS)
+  _check(data.seq_len >= 2, f"data.seq_len must be >= 2, got {data.seq_len}.")
+  _check(data.vocab_size >= 2, f"data.vocab_size must be >= 2, got {data.vocab_size}.")
+  if data.dataset == "text8":
+    # The mask id is vocab_size: it must be the first id past the data's ids, neither
+    # one of them (a masked token would read as a character) nor leave a gap.
+    _check(data.vocab_size == TEXT8_VOCAB_SIZE,
+           f"data.vocab_size={data.vocab_size} does not match text8's {TEXT8_VOCAB_SIZE} ids: "
+           f"the mask id (= vocab_size) must be {TEXT8_VOCAB_SIZE}, one past the last data id.")
+    _check(bool(data.path), "data.path must name a text8-format file when data.dataset='text8'.")
+  else:
+    _check(data.concentration > 0, f"data.concentration must be > 0, got {data.concentration}.")
+
+  model = config.model
+  _check_choice(model.type, "model.type", MODEL_TYPES)
+  _check_choice(model.time_conditioning, "model.time_conditioning", TIME_CONDITIONINGS)
+  _check_choice(model.dtype, "model.dtype", DTYPES)
+  _check(model.model_dim % model.num_heads == 0 and (model.model_dim // model.num_heads) % 2 == 0,
+         f"model.model_dim={model.model_dim} / model.num_heads={model.num_heads} must be an even "
+         "integer head dim (RoPE rotates pairs).")
+  _check(model.type == "mdm" or model.time_conditioning == "none",
+         "model.time_conditioning must be 'none' for model.type='ar' (it has no diffusion time).")
+
+  try:
+    schedules.get_schedule(config.diffusion.schedule)
+  except ValueError as e:
+    raise ValueError(f"Invalid config: diffusion.schedule: {e}") from None
+  _check_choice(config.training.estimator, "training.estimator", diffusion.ESTIMATORS)
+  _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
+
+  opt = config.optimizer
+  _check(opt.learning_rate > 0, f"optimizer.learning_rate must be > 0, got {opt.learning_rate}.")
+  _check(isinstance(opt.warmup_steps, int) and 0 <= opt.warmup_steps < config.num_train_steps,
+         f"optimizer.warmup_steps must be an integer in [0, num_train_steps={config.num_train_steps}), "
+         f"got {opt.warmup_steps!r}.")
+  _check(opt.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {opt.weight_decay}.")
+  _check(opt.grad_clip_norm > 0, f"optimizer.grad_clip_norm must be > 0, got {opt.grad_clip_norm}.")
+  for name in ("b1", "b2", "ema_decay"):
+    _check(0 <= opt[name] < 1, f"optimizer.{name} must be in [0, 1), got {opt[name]}.")
+
+  _check(isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
+         f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.")
+  _check_choice(config.sample.method, "sample.method", sampling.METHODS)
+  _check(config.sample.method != "cached" or model.time_conditioning == "none",
+         "sample.method='cached' reuses logits across steps, so it needs a time-free denoiser "
+         "(model.time_conditioning='none'); use 'ancestral'.")
+  _check(config.sample.temperature >= 0, f"sample.temperature must be >= 0, got {config.sample.temperature}.")

@@ -1,0 +1,155 @@
+"""The CLI end to end (subprocesses): train -> eval -> sample, resume after SIGKILL, bad flags."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from md4jax import checkpoint
+from md4jax import train
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TEXT8_DEV = ROOT.parent / "shared" / "data" / "wiki_text8_dev.txt"
+
+
+def cli(workdir, *flags, config="configs/tiny.py"):
+  return [sys.executable, "-m", "md4jax.main", f"--config={config}", f"--workdir={workdir}", *flags]
+
+
+def run_cli(workdir, *flags, config="configs/tiny.py", check=True):
+  result = subprocess.run(cli(workdir, *flags, config=config), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def read_jsonl(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_eval_sample(tmp_path):
+  result = run_cli(tmp_path, "--config.num_train_steps=10", "--config.eval_every_steps=5",
+                   "--config.checkpoint_every_steps=5")
+  assert "tokens/s" in result.stdout and "ETA" in result.stdout
+  assert "exact entropy" in result.stdout and "gap" in result.stdout
+  assert json.loads((tmp_path / "config.json").read_text())["num_train_steps"] == 10
+  records = read_jsonl(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in records] == [5, 10]
+  for record in records:
+    assert {"step", "loss", "nelbo_bits_per_token", "learning_rate", "tokens_per_second",
+            "grad_norm"} <= record.keys()
+    assert np.isfinite(record["loss"])
+  evaluation = json.loads((tmp_path / "eval.json").read_text())
+  assert evaluation["step"] == 10
+  assert {"nelbo_bits_per_token", "nelbo_bits_per_token_stderr", "true_bits_per_token",
+          "gap_percent"} <= evaluation.keys()
+  assert 0 < evaluation["nelbo_bits_per_token_stderr"] < 0.5
+  samples = read_jsonl(tmp_path / "samples.jsonl")
+  assert len(samples) == 2 and all(len(s["tokens"]) == 16 for s in samples)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10", "5"]
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+  (tmp_path / "eval.json").unlink()
+  result = run_cli(tmp_path, "--mode=eval")
+  assert "NELBO" in result.stdout
+  assert json.loads((tmp_path / "eval.json").read_text())["nelbo_bits_per_token"] == pytest.approx(
+      evaluation["nelbo_bits_per_token"], rel=1e-6)  # Same EMA params, same evaluation keys.
+
+  (tmp_path / "samples.jsonl").unlink()
+  run_cli(tmp_path, "--mode=sample", "--config.sample.num_samples=3")
+  samples = read_jsonl(tmp_path / "samples.jsonl")
+  assert len(samples) == 3 and all(0 <= t < 8 for s in samples for t in s["tokens"])
+  assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2  # eval/sample leave metrics alone.
+
+
+def test_config_typo_fails(tmp_path):
+  result = run_cli(tmp_path, "--config.num_train_step=5", check=False)
+  assert result.returncode != 0 and "num_train_step" in result.stderr
+
+
+def test_invalid_value_fails_before_training(tmp_path):
+  result = run_cli(tmp_path, "--config.diffusion.schedule=cosyne", check=False)
+  assert result.returncode != 0 and "Unknown schedule 'cosyne'" in result.stderr
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_eval_without_checkpoint_fails(tmp_path):
+  result = run_cli(tmp_path, "--mode=eval", check=False)
+  assert result.returncode != 0 and "No checkpoint in" in result.stderr
+
+
+@pytest.mark.skipif(not TEXT8_DEV.is_file(), reason=f"text8 dev file not found at {TEXT8_DEV}")
+def test_text8_smoke(tmp_path):
+  run_cli(tmp_path, f"--config.data.path={TEXT8_DEV}", "--config.batch_size=8",
+          "--config.data.seq_len=32", "--config.model.num_layers=1", "--config.model.model_dim=32",
+          "--config.model.num_heads=2", "--config.model.mlp_dim=64", "--config.num_train_steps=3",
+          "--config.optimizer.warmup_steps=1", "--config.eval.num_sequences=8",
+          "--config.eval.batch_size=8", "--config.sample.num_samples=1", "--config.sample.num_steps=4",
+          config="configs/text8.py")
+  evaluation = json.loads((tmp_path / "eval.json").read_text())
+  assert "true_bits_per_token" not in evaluation  # Real text: entropy unknown.
+  assert 3.0 < evaluation["nelbo_bits_per_token"] < 6.0  # Near log2(27) = 4.75 after 3 steps.
+  [sample] = read_jsonl(tmp_path / "samples.jsonl")
+  assert len(sample["text"]) == 32 and set(sample["text"]) <= set("abcdefghijklmnopqrstuvwxyz ")
+
+
+def _tiny_config():
+  spec = importlib.util.spec_from_file_location("config_tiny", ROOT / "configs" / "tiny.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _final_state(workdir, config_overrides):
+  config = _tiny_config()
+  for key, value in config_overrides.items():
+    setattr(config, key, value)
+  mesh = train.make_mesh()
+  state = train.init_state(config, train.build_model(config), train.make_optimizer(config), mesh)
+  manager = checkpoint.make_manager(workdir, max_to_keep=3)
+  step, state, data_state = checkpoint.restore(manager, checkpoint.abstract_like(state))
+  return step, state, data_state
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+  steps, every = 600, 20
+  flags = [f"--config.num_train_steps={steps}", f"--config.checkpoint_every_steps={every}",
+           f"--config.log_every_steps={every}", f"--config.eval_every_steps={steps}"]
+  reference, killed = tmp_path / "reference", tmp_path / "killed"
+  run_cli(reference, *flags)
+
+  process = subprocess.Popen(cli(killed, *flags), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  first_checkpoint = killed / "checkpoints" / str(2 * every)
+  deadline = time.monotonic() + 240
+  while not first_checkpoint.is_dir() and process.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.005)
+  assert process.poll() is None, "the run ended before it could be killed; raise num_train_steps"
+  os.kill(process.pid, signal.SIGKILL)
+  process.wait()
+  saved = sorted(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved and max(saved) < steps, "the kill must land before the last checkpoint"
+
+  result = run_cli(killed, *flags)
+  assert f"Resuming from the checkpoint of step {max(saved)}" in result.stdout
+
+  overrides = dict(num_train_steps=steps, checkpoint_every_steps=every)
+  step_ref, state_ref, data_ref = _final_state(reference, overrides)
+  step_res, state_res, data_res = _final_state(killed, overrides)
+  assert step_ref == step_res == steps and data_ref == data_res == {"next_batch_index": steps}
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), state_ref, state_res)
+  metrics_ref, metrics_res = read_jsonl(reference / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
+  assert [r["step"] for r in metrics_res] == [r["step"] for r in metrics_ref]  # No duplicates.
+  np.testing.assert_allclose(metrics_res[-1]["loss"], metrics_ref[-1]["loss"], rtol=1e-6)
+  eval_ref = json.loads((reference / "eval.json").read_text())
+  eval_res = json.loads((killed / "eval.json").read_text())
+  np.testing.assert_allclose(eval_res["nelbo_bits_per_token"], eval_ref["nelbo_bits_per_token"], rtol=1e-6)
