@@ -23,6 +23,7 @@ setuptools.setup(
         "tokenizers>=0.21,<1",
         "numpy>=1.26,<3",
         "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.
+        "pillow>=10",  # Animated GIFs of sampling trajectories.
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.11"],

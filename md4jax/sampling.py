@@ -62,18 +62,44 @@ def _alphas(schedule, t, batch_size):
   return jnp.full((batch_size,), schedule.alpha(t), jnp.float32)
 
 
+def _new_trajectory(z, num_records, vocab_size, top_k):
+  """Empty recording of num_records steps: states [S + 1, B, L], top candidates [S, B, L, K], α [S, B]."""
+  batch_size, length = z.shape
+  top_k = min(top_k, vocab_size)
+  return {
+      "tokens": jnp.broadcast_to(z, (num_records + 1, batch_size, length)),
+      "top_ids": jnp.zeros((num_records, batch_size, length, top_k), jnp.int32),
+      "top_probs": jnp.zeros((num_records, batch_size, length, top_k), jnp.float32),
+      "alphas": jnp.zeros((num_records, batch_size), jnp.float32),
+  }
+
+
+def _record(trajectory, index, z_after, logits, alpha):
+  """Stores step `index`: the state after it and the denoiser's top candidates. No-op if None."""
+  if trajectory is None:
+    return None
+  top_probs, top_ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), trajectory["top_ids"].shape[-1])
+  return {
+      "tokens": trajectory["tokens"].at[index + 1].set(z_after),
+      "top_ids": trajectory["top_ids"].at[index].set(top_ids),
+      "top_probs": trajectory["top_probs"].at[index].set(top_probs),
+      "alphas": trajectory["alphas"].at[index].set(alpha),
+  }
+
+
 def _reveal_probability(schedule, grid, step):
   """(α(s) − α(t)) / (1 − α(t)) from t = grid[step] to s = grid[step − 1]; 1 on the last step."""
   mask_t, mask_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
   return jnp.where(step == 1, 1.0, (mask_t - mask_s) / mask_t)
 
 
-def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw):
+def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw,
+               trajectory):
   grid = time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
 
   def body(i, carry):
-    z, logits, cache_valid, nfe = carry
+    z, logits, cache_valid, nfe, trajectory = carry
     step = num_steps - i  # From T down to 1.
     step_key = jax.random.fold_in(key, step)
     reveal_key, draw_key = jax.random.split(step_key)
@@ -86,23 +112,23 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
                           lambda: logits)
     z = jnp.where(reveal, draw(draw_key, logits), z)
     cache_valid = (cache_valid | need_call) & ~any_reveal
-    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32)
+    trajectory = _record(trajectory, i, z, logits, alpha)
+    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32), trajectory
 
   logits = jnp.zeros(z.shape + (mask_id,), jnp.float32)
-  init = (z, logits, jnp.bool_(False), jnp.int32(0))
-  z, _, _, nfe = jax.lax.fori_loop(0, num_steps, body, init)
-  return z, nfe
+  init = (z, logits, jnp.bool_(False), jnp.int32(0), trajectory)
+  z, _, _, nfe, trajectory = jax.lax.fori_loop(0, num_steps, body, init)
+  return z, nfe, trajectory
 
 
-def _first_hitting(key, denoise_fn, z, mask_id, draw):
+def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
   batch_size, length = z.shape
 
   def cond(carry):
-    z, _, _ = carry
-    return (z == mask_id).any()
+    return (carry[0] == mask_id).any()
 
   def body(carry):
-    z, mask_rate, nfe = carry
+    z, mask_rate, nfe, trajectory = carry
     event_key = jax.random.fold_in(key, nfe)
     time_key, position_key, draw_key = jax.random.split(event_key, 3)
     masked = z == mask_id
@@ -111,15 +137,19 @@ def _first_hitting(key, denoise_fn, z, mask_id, draw):
     mask_rate = jnp.where(num_masked > 0, mask_rate * u ** (1.0 / jnp.maximum(num_masked, 1)),
                           mask_rate)
     # The denoiser sees z just above the hitting time, with α at that time.
-    logits = denoise_fn(z, 1.0 - mask_rate).astype(jnp.float32)
+    alpha = 1.0 - mask_rate
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
     scores = jnp.where(masked, jax.random.uniform(position_key, z.shape), -1.0)
     position = jax.nn.one_hot(jnp.argmax(scores, -1), length, dtype=jnp.bool_) & masked
     z = jnp.where(position, draw(draw_key, logits), z)
-    return z, mask_rate, nfe + 1
+    return z, mask_rate, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
 
-  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0))
-  z, _, nfe = jax.lax.while_loop(cond, body, init)
-  return z, nfe
+  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), trajectory)
+  z, _, nfe, trajectory = jax.lax.while_loop(cond, body, init)
+  if trajectory is not None:  # Steps past the last event repeat the final state.
+    after_end = jnp.arange(length + 1)[:, None, None] > nfe
+    trajectory["tokens"] = jnp.where(after_end, z, trajectory["tokens"])
+  return z, nfe, trajectory
 
 
 def _confidence_scores(logits, kind):
@@ -135,15 +165,17 @@ def _confidence_scores(logits, kind):
 
 
 def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, filtered,
-                confidence):
+                confidence, trajectory):
   grid = time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
   initial_masked = (z == mask_id).sum(-1)
 
-  def body(i, z):
+  def body(i, carry):
+    z, trajectory = carry
     step = num_steps - i
     masked = z == mask_id
-    logits = denoise_fn(z, _alphas(schedule, grid[step], batch_size)).astype(jnp.float32)
+    alpha = _alphas(schedule, grid[step], batch_size)
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
     # Masks to keep after this step: the schedule's share of the initial ones (0 at the end).
     share = schedule.mask_prob(grid[step - 1]) / schedule.mask_prob(grid[num_steps])
     keep = jnp.where(step == 1, 0, jnp.floor(initial_masked * share).astype(jnp.int32))
@@ -151,9 +183,11 @@ def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
     scores = jnp.where(masked, _confidence_scores(filtered(logits), confidence), -jnp.inf)
     rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)
     reveal = masked & (rank < num_reveal[:, None])
-    return jnp.where(reveal, draw(jax.random.fold_in(key, step), logits), z)
+    z = jnp.where(reveal, draw(jax.random.fold_in(key, step), logits), z)
+    return z, _record(trajectory, i, z, logits, alpha)
 
-  return jax.lax.fori_loop(0, num_steps, body, z), jnp.int32(num_steps)
+  z, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, trajectory))
+  return z, jnp.int32(num_steps), trajectory
 
 
 def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, mask_id: int,
@@ -161,7 +195,7 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
            top_k: Optional[int] = None, top_p: Optional[float] = None,
            prompt: Optional[Array] = None, prompt_mask: Optional[Array] = None,
            time_grid_kind: str = "uniform", confidence: str = "max_prob",
-           noise: str = "float64"):
+           noise: str = "float64", record_trajectory: bool = False, trajectory_top_k: int = 5):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
   Args:
@@ -170,6 +204,10 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
       when they are scattered).
     num_steps: steps of the time grid; ignored by first_hitting. Required otherwise.
     noise: "float64" (accurate tails, default) or "float32" (for comparison only).
+    record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
+      (the state before the first step and after each step), the denoiser's
+      "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step.
+      S = num_steps, or L for first_hitting (steps past info["nfe"] repeat the end).
   Returns:
     (tokens [B, L] int32, info) with info["nfe"] the number of network calls for the batch.
   """
@@ -186,14 +224,79 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     return categorical.sample_categorical(draw_key, logits, noise=noise, **filter_kwargs)
 
   z = _initial_tokens(batch_size, length, mask_id, prompt, prompt_mask)
+  trajectory = None
+  if record_trajectory:
+    num_records = length if method == "first_hitting" else num_steps
+    trajectory = _new_trajectory(z, num_records, mask_id, trajectory_top_k)
   if method in ("ancestral", "cached"):
-    tokens, nfe = _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, time_grid_kind,
-                             method == "cached", draw)
+    tokens, nfe, trajectory = _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
+                                         time_grid_kind, method == "cached", draw, trajectory)
   elif method == "first_hitting":
-    tokens, nfe = _first_hitting(key, denoise_fn, z, mask_id, draw)
+    tokens, nfe, trajectory = _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory)
   else:
     def filtered(logits):
       return categorical.filter_logits(logits, **filter_kwargs)
-    tokens, nfe = _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, time_grid_kind,
-                              draw, filtered, confidence)
-  return tokens, {"nfe": nfe}
+    tokens, nfe, trajectory = _confidence(key, denoise_fn, z, schedule, mask_id, num_steps,
+                                          time_grid_kind, draw, filtered, confidence, trajectory)
+  info = {"nfe": nfe}
+  if trajectory is not None:
+    info["trajectory"] = trajectory
+  return tokens, info
+
+
+def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, total_length: int,
+                                 context_length: int, block_length: int, schedule, mask_id: int,
+                                 prompt: Optional[Array] = None, eos_id: Optional[int] = None,
+                                 **sample_kwargs):
+  """Generates past the model's context, MDLM style, block by block.
+
+  The first window of `context_length` tokens is sampled from all-mask (with
+  the prompt, a prefix [P] or [B, P], clamped). Each later window keeps the
+  last context_length − block_length tokens as a clamped prefix and samples
+  `block_length` new ones. With `eos_id`, generation stops once every sequence
+  has an EOS, and tokens after a sequence's first EOS are set to EOS.
+  `sample_kwargs` go to `sample` (method, num_steps, temperature, ...).
+
+  Returns:
+    (tokens [B, total_length] int32, info) with info["nfe"] (all blocks),
+    info["num_blocks"] and info["lengths"] [B] (up to and including the first EOS).
+  """
+  if not 0 < block_length <= context_length:
+    raise ValueError(f"Need 0 < block_length <= context_length, got {block_length}, {context_length}.")
+  if total_length < 1:
+    raise ValueError(f"total_length must be >= 1, got {total_length}.")
+  window = min(context_length, total_length)
+  prefix = jnp.zeros((batch_size, 0), jnp.int32)
+  if prompt is not None:
+    prefix = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, jnp.shape(prompt)[-1]))
+    if prefix.shape[1] > window:
+      raise ValueError(f"The prompt ({prefix.shape[1]} tokens) is longer than the window ({window}).")
+
+  @jax.jit
+  def sample_window(window_key, given, given_mask):
+    return sample(window_key, denoise_fn, batch_size=batch_size, length=window, schedule=schedule,
+                  mask_id=mask_id, prompt=given, prompt_mask=given_mask, **sample_kwargs)
+
+  def clamped(known):  # Window with `known` as its prefix and masks after it.
+    pad = window - known.shape[1]
+    given = jnp.concatenate([known, jnp.full((batch_size, pad), mask_id, jnp.int32)], axis=1)
+    return given, jnp.arange(window) < known.shape[1]
+
+  tokens, info = sample_window(jax.random.fold_in(key, 0), *clamped(prefix))
+  nfe, num_blocks = int(info["nfe"]), 1
+  keep = window - block_length
+  while tokens.shape[1] < total_length:
+    if eos_id is not None and bool(jnp.all(jnp.any(tokens == eos_id, axis=1))):
+      break
+    new, info = sample_window(jax.random.fold_in(key, num_blocks), *clamped(tokens[:, tokens.shape[1] - keep:]))
+    tokens = jnp.concatenate([tokens, new[:, keep:]], axis=1)
+    nfe, num_blocks = nfe + int(info["nfe"]), num_blocks + 1
+  tokens = tokens[:, :total_length]
+  lengths = jnp.full((batch_size,), tokens.shape[1], jnp.int32)
+  if eos_id is not None:
+    is_eos = tokens == eos_id
+    lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, lengths)
+    tokens = jnp.where(jnp.arange(tokens.shape[1]) >= lengths[:, None], eos_id, tokens)
+    if tokens.shape[1] < total_length:  # Stopped early: pad with EOS.
+      tokens = jnp.pad(tokens, ((0, 0), (0, total_length - tokens.shape[1])), constant_values=eos_id)
+  return tokens, {"nfe": nfe, "num_blocks": num_blocks, "lengths": lengths}

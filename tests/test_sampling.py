@@ -158,3 +158,71 @@ def test_bad_arguments_raise(language):
     sampling.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
   with pytest.raises(ValueError, match="time grid"):
     sampling.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
+
+
+@pytest.mark.parametrize("method,num_steps", [("ancestral", 6), ("first_hitting", None)])
+def test_trajectory_records_every_state(language, method, num_steps):
+  prompt = jnp.zeros((LENGTH,), jnp.int32).at[0].set(3)
+  prompt_mask = jnp.zeros((LENGTH,), bool).at[0].set(True)
+  tokens, info = jax.jit(lambda key: sampling.sample(
+      key, language.denoise_fn(MASK_ID), batch_size=4, length=LENGTH,
+      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method=method,
+      num_steps=num_steps, prompt=prompt, prompt_mask=prompt_mask, record_trajectory=True,
+      trajectory_top_k=3))(jax.random.PRNGKey(0))
+  trajectory = jax.tree.map(np.asarray, info["trajectory"])
+  num_records = LENGTH if method == "first_hitting" else num_steps
+  assert trajectory["tokens"].shape == (num_records + 1, 4, LENGTH)
+  assert trajectory["top_ids"].shape == trajectory["top_probs"].shape == (num_records, 4, LENGTH, 3)
+  np.testing.assert_array_equal(trajectory["tokens"][0, :, 1:], MASK_ID)
+  np.testing.assert_array_equal(trajectory["tokens"][:, :, 0], 3)
+  np.testing.assert_array_equal(trajectory["tokens"][-1], tokens)
+  for before, after in zip(trajectory["tokens"], trajectory["tokens"][1:]):
+    revealed = before != MASK_ID
+    np.testing.assert_array_equal(after[revealed], before[revealed])
+  used = trajectory["top_probs"][: int(info["nfe"])]
+  assert np.all(np.diff(used, axis=-1) <= 0) and np.all(used.sum(-1) <= 1 + 1e-5)
+  # The recorded candidates are the oracle's: at step 0 every position's top-1 is its argmax.
+  oracle_probs = jax.nn.softmax(language.denoise_fn(MASK_ID)(trajectory["tokens"][0], None))
+  np.testing.assert_array_equal(trajectory["top_ids"][0, ..., 0], np.argmax(oracle_probs, -1))
+
+
+def test_semi_autoregressive_generation_samples_the_long_chain(language):
+  """An order-1 chain is exactly continued by any clamped prefix, so block-wise
+  first-hitting generation of 30 tokens with a 12-token context is exact."""
+  total, context, block = 30, LENGTH, 6
+  tokens, info = sampling.generate_semi_autoregressive(
+      jax.random.PRNGKey(4), language.denoise_fn(MASK_ID), batch_size=3000, total_length=total,
+      context_length=context, block_length=block, schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID, method="first_hitting")
+  tokens = np.asarray(tokens)
+  assert tokens.shape == (3000, total) and not np.any(tokens == MASK_ID)
+  assert info["num_blocks"] == 1 + -(-(total - context) // block)
+  nll = -np.asarray(language.log_prob(tokens), np.float64)
+  gap, se = nll.mean() - language.entropy(total), nll.std(ddof=1) / np.sqrt(nll.size)
+  assert abs(gap) < 4 * se, (gap, se)
+
+
+def test_semi_autoregressive_prompt_eos_and_lengths(language):
+  eos = 2
+  oracle = language.denoise_fn(MASK_ID)
+
+  def eos_loving(z, alpha):  # Puts EOS first wherever it is allowed.
+    return oracle(z, alpha).at[..., eos].add(5.0)
+
+  prompt = jnp.asarray([1, 0, 1], jnp.int32)
+  tokens, info = sampling.generate_semi_autoregressive(
+      jax.random.PRNGKey(0), eos_loving, batch_size=4, total_length=40, context_length=8,
+      block_length=4, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, prompt=prompt,
+      eos_id=eos, method="ancestral", num_steps=8)
+  tokens, lengths = np.asarray(tokens), np.asarray(info["lengths"])
+  assert tokens.shape == (4, 40)
+  np.testing.assert_array_equal(tokens[:, :3], np.tile(prompt, (4, 1)))
+  assert info["num_blocks"] < 1 + (40 - 8) // 4  # Stopped early: every sequence ended.
+  assert info["nfe"] == 8 * info["num_blocks"]
+  for row, length in zip(tokens, lengths):
+    assert row[length - 1] == eos and eos not in row[3:length - 1]
+    np.testing.assert_array_equal(row[length:], eos)
+  with pytest.raises(ValueError, match="block_length"):
+    sampling.generate_semi_autoregressive(
+        jax.random.PRNGKey(0), oracle, batch_size=1, total_length=20, context_length=8,
+        block_length=9, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=4)
