@@ -55,6 +55,18 @@ def timestep_features(alpha, dim, max_period=10000.0):
   return feats
 
 
+def segment_attention_mask(segment_ids):
+  """[B, L] segment ids -> [B, 1, L, L] bool: True where query and key share a nonzero segment.
+
+  Padding (segment 0) attends to itself only, so its softmax row is never
+  empty (no NaN) and no real token attends to padding.
+  """
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  real = (segment_ids != 0)[:, :, None]
+  own = jnp.eye(segment_ids.shape[-1], dtype=bool)[None]
+  return ((same & real) | own)[:, None]
+
+
 def _modulate(x, shift, scale):
   # shift/scale are [B, D]; broadcast over the sequence axis.
   return x * (1 + scale[:, None, :]) + shift[:, None, :]
@@ -69,7 +81,8 @@ class Attention(nn.Module):
   dtype: jnp.dtype
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, mask=None, positions=None):
+    """x [B, L, D]; mask [B, 1, L, L] bool (True = may attend) or None; positions [B, L] or None."""
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
@@ -78,10 +91,12 @@ class Attention(nn.Module):
         param_dtype=jnp.float32, kernel_init=nn.initializers.normal(_INIT_STD),
         name="qkv")(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [B, L, H, Dh]
-    positions = jnp.arange(x.shape[1])
+    if positions is None:
+      positions = jnp.arange(x.shape[1])
     q = apply_rope(q, positions, self.rope_base)
     k = apply_rope(k, positions, self.rope_base)
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)
+    # With both, attention is allowed where the mask is True and causality holds.
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal)
     return nn.DenseGeneral(
         features=model_dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
         param_dtype=jnp.float32, kernel_init=nn.initializers.normal(self.out_std),
@@ -114,14 +129,14 @@ class Block(nn.Module):
   dtype: jnp.dtype
 
   @nn.compact
-  def __call__(self, x, cond=None):
+  def __call__(self, x, cond=None, mask=None, positions=None):
     model_dim = x.shape[-1]
     norm = lambda name: nn.RMSNorm(dtype=self.dtype, param_dtype=jnp.float32, name=name)
     attn = Attention(self.num_heads, self.causal, self.out_std, self.rope_base,
                      self.dtype, name="attn")
     mlp = SwiGLU(self.mlp_dim, self.out_std, self.dtype, name="mlp")
     if cond is None:
-      x = x + attn(norm("attn_norm")(x))
+      x = x + attn(norm("attn_norm")(x), mask, positions)
       return x + mlp(norm("mlp_norm")(x))
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
@@ -129,7 +144,8 @@ class Block(nn.Module):
                    param_dtype=jnp.float32, kernel_init=nn.initializers.zeros,
                    name="adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1))
+    x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1), mask,
+                                     positions)
     return x + gate2[:, None, :] * mlp(_modulate(norm("mlp_norm")(x), shift2, scale2))
 
 
@@ -164,9 +180,24 @@ class Transformer(nn.Module):
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
   @nn.compact
-  def __call__(self, tokens, alpha=None):
-    """tokens [B, L] int32; alpha [B] float (alpha(t) per sequence) or None."""
+  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None):
+    """tokens [B, L] int32; alpha [B] float (alpha(t) per sequence) or None.
+
+    segment_ids [B, L] int (1, 2, ... per packed document, 0 = padding) or None:
+    given, a position attends only to positions of its own nonzero segment.
+    positions [B, L] int (restarting per document) or None (0 .. L-1) feed RoPE.
+    """
     self._check_config(alpha)
+    mask = None
+    if segment_ids is not None:
+      segment_ids = jnp.asarray(segment_ids)
+      if segment_ids.shape != tokens.shape:
+        raise ValueError(f"segment_ids must have the tokens' shape {tokens.shape}, "
+                         f"got {segment_ids.shape}")
+      mask = segment_attention_mask(segment_ids)
+    if positions is not None and jnp.shape(positions) != tokens.shape:
+      raise ValueError(f"positions must have the tokens' shape {tokens.shape}, "
+                       f"got {jnp.shape(positions)}")
     dense_init = nn.initializers.normal(_INIT_STD)
     # Matrices writing into the residual stream are scaled down with depth so
     # the stream's variance at init does not grow with num_layers (GPT-2).
@@ -192,7 +223,7 @@ class Transformer(nn.Module):
 
     for i in range(self.num_layers):
       x = Block(self.num_heads, self.mlp_dim, self.causal, out_std, self.rope_base,
-                self.dtype, name=f"block_{i}")(x, cond)
+                self.dtype, name=f"block_{i}")(x, cond, mask, positions)
 
     x = nn.RMSNorm(dtype=self.dtype, param_dtype=jnp.float32, name="final_norm")(x)
     if cond is not None:

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax.model import Transformer, apply_rope, count_params, flops_per_token
+from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token,
+                          segment_attention_mask)
 
 V, B, L = 11, 2, 8
 
@@ -157,3 +158,70 @@ def test_count_params_and_flops():
   norms = N * 2 * D + D
   assert count_params(params) == matmul + norms + (V + 1) * D
   assert flops_per_token(N, D, F, L, V) == 2 * matmul + N * 4 * L * D
+
+
+# Two packed documents (lengths 5 and 2) and one padding position.
+_SEGMENTS = np.array([[1, 1, 1, 1, 1, 2, 2, 0]] * B, np.int32)
+_POSITIONS = np.array([[0, 1, 2, 3, 4, 0, 1, 0]] * B, np.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("time_conditioning", ["none", "adaln"])
+def test_packed_documents_match_running_each_alone(causal, time_conditioning):
+  model = _model(causal=causal, time_conditioning=time_conditioning)
+  tokens, alpha = _tokens(), (_alpha() if time_conditioning == "adaln" else None)
+  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  packed = model.apply(params, tokens, alpha, _SEGMENTS, _POSITIONS)
+  assert bool(jnp.all(jnp.isfinite(packed)))  # Padding rows too: no NaN.
+  doc1 = model.apply(params, tokens[:, :5], alpha)
+  doc2 = model.apply(params, tokens[:, 5:7], alpha)
+  np.testing.assert_allclose(packed[:, :5], doc1, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(packed[:, 5:7], doc2, atol=1e-5, rtol=1e-5)
+
+
+def test_segments_block_cross_document_attention():
+  model = _model()
+  tokens = _tokens()
+  params = _perturb(model.init(jax.random.key(1), tokens))
+  apply = lambda t: model.apply(params, t, None, _SEGMENTS, _POSITIONS)
+  # Changing document 2 and the padding leaves document 1 exactly unchanged ...
+  changed = tokens.at[:, 5:].set((tokens[:, 5:] + 1) % (V + 1))
+  np.testing.assert_array_equal(np.asarray(apply(tokens)[:, :5]), np.asarray(apply(changed)[:, :5]))
+  # ... and the gradient of document 2's logits w.r.t. document 1's embeddings is 0.
+  embed = params["params"]["embed"]["embedding"]
+
+  def doc2_logits(table):
+    p = {"params": {**params["params"], "embed": {"embedding": table}}}
+    return model.apply(p, tokens, None, _SEGMENTS, _POSITIONS)[:, 5:7].sum()
+
+  grad = jax.grad(doc2_logits)(embed)
+  doc1_ids = np.setdiff1d(np.asarray(tokens[:, :5]), np.asarray(tokens[:, 5:]))
+  assert doc1_ids.size and float(jnp.abs(grad[doc1_ids]).max()) == 0.0
+  # Without segment ids the same change does reach document 1 (the test is not vacuous).
+  plain = lambda t: model.apply(params, t)
+  assert float(jnp.abs(plain(tokens)[:, :5] - plain(changed)[:, :5]).max()) > 1e-4
+
+
+def test_one_segment_and_default_positions_match_default():
+  model = _model(time_conditioning="adaln")
+  tokens, alpha = _tokens(), _alpha()
+  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  default = model.apply(params, tokens, alpha)
+  ones = jnp.ones_like(tokens)
+  arange = jnp.broadcast_to(jnp.arange(L), tokens.shape)
+  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, alpha, None, arange)),
+                                np.asarray(default))
+  np.testing.assert_allclose(model.apply(params, tokens, alpha, ones), default, atol=1e-6)
+
+
+def test_segment_mask():
+  mask = np.asarray(segment_attention_mask(jnp.asarray(_SEGMENTS[:1])))[0, 0]
+  assert mask.shape == (L, L)
+  assert mask[:5, :5].all() and mask[5:7, 5:7].all()
+  assert not mask[:5, 5:].any() and not mask[5:, :5].any() and not mask[:7, 7].any()
+  assert mask[7, 7] and not mask[7, :7].any()  # Padding attends to itself only.
+
+
+def test_bad_segment_shape():
+  with pytest.raises(ValueError, match="segment_ids must have"):
+    _model().init(jax.random.key(0), _tokens(), None, jnp.ones((B, L + 1), jnp.int32))
