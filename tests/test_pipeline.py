@@ -1,0 +1,263 @@
+"""Tests for md4jax.pipeline: packing, determinism, sharding, resume, evaluation, load_data."""
+import itertools
+import json
+import pathlib
+import pickle
+
+import ml_collections
+import numpy as np
+import pytest
+from absl import flags
+
+from md4jax import pipeline
+from md4jax.pipeline import EvalBatches, TokenizedDocs, TrainIterator
+from md4jax.tokenizer import BpeTokenizer
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+KEYS = ("positions", "segment_ids", "tokens")
+
+
+def _stream(n):
+  """One document whose token values are their positions in the stream."""
+  return TokenizedDocs(np.arange(n, dtype=np.int32), np.array([0, n]))
+
+
+def _docs(lengths):
+  """Documents whose tokens encode (document, position): 1000 * (d + 1) + i."""
+  docs = [1000 * (d + 1) + np.arange(n) for d, n in enumerate(lengths)]
+  return TokenizedDocs(np.concatenate(docs).astype(np.int32), np.cumsum([0, *lengths]))
+
+
+_LENGTHS = np.random.default_rng(0).integers(1, 40, size=60).tolist()
+
+
+def _take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def _iterator(docs, packing, seed=0, shard_index=0, shard_count=1, batch_size=4, seq_len=16):
+  ds = pipeline.train_dataset(docs, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                              packing=packing, shard_index=shard_index, shard_count=shard_count)
+  return TrainIterator(ds)
+
+
+def _assert_batches_equal(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert sorted(x) == list(KEYS)
+    for k in KEYS:
+      np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize("packing", pipeline.PACKINGS)
+def test_batches_shape_and_dtype(packing):
+  batch = next(_iterator(_docs(_LENGTHS), packing))
+  for k in KEYS:
+    assert batch[k].shape == (4, 16) and batch[k].dtype == np.int32
+
+
+def test_concat_windows_are_contiguous_at_random_offsets():
+  batches = _take(_iterator(_stream(1000), "concat"), 10)
+  tokens = np.concatenate([b["tokens"] for b in batches])
+  starts = tokens[:, 0]
+  np.testing.assert_array_equal(tokens, starts[:, None] + np.arange(16))
+  assert (np.concatenate([b["segment_ids"] for b in batches]) == 1).all()
+  np.testing.assert_array_equal(batches[0]["positions"][0], np.arange(16))
+  assert len(set((starts % 16).tolist())) > 5  # Offsets are not the fixed window grid.
+
+
+@pytest.mark.parametrize("packing", pipeline.PACKINGS)
+def test_deterministic_by_seed(packing):
+  docs = _docs(_LENGTHS)
+  run = lambda seed: _take(_iterator(docs, packing, seed=seed), 6)
+  _assert_batches_equal(run(3), run(3))
+  assert any((a["tokens"] != b["tokens"]).any() for a, b in zip(run(3), run(4)))
+
+
+@pytest.mark.parametrize("packing", pipeline.PACKINGS)
+def test_two_processes_see_disjoint_shards_of_the_global_batch(packing):
+  docs = _docs(_LENGTHS)
+  first_tokens = lambda batches: [row[0] for b in batches for row in b["tokens"]]
+  shards = [first_tokens(_take(_iterator(docs, packing, shard_index=p, shard_count=2), 3))
+            for p in (0, 1)]
+  # Rows start with distinct tokens (each token value occurs once in `docs`).
+  assert not set(shards[0]) & set(shards[1])
+  # Together the two processes' batches form the single-process batches of twice the size.
+  single = first_tokens(_take(_iterator(docs, packing, batch_size=8), 3))
+  assert sorted(shards[0] + shards[1]) == sorted(single)
+
+
+@pytest.mark.parametrize("packing", pipeline.PACKINGS)
+def test_resume_gives_the_uninterrupted_batches(packing):
+  docs = _docs(_LENGTHS)
+  uninterrupted = _take(_iterator(docs, packing, seed=7), 8)
+  first = _iterator(docs, packing, seed=7)
+  _take(first, 5)
+  state = json.loads(json.dumps(first.get_state()))  # As a checkpoint would store it.
+  assert state == {"next_batch_index": 5}
+  resumed = _iterator(docs, packing, seed=7)
+  resumed.set_state(state)
+  _assert_batches_equal(_take(resumed, 3), uninterrupted[5:])
+  # Restoring a state mid-run rewinds too.
+  first.set_state({"next_batch_index": 2})
+  _assert_batches_equal(_take(first, 2), uninterrupted[2:4])
+
+
+def test_resume_with_a_worker_process():
+  flags.FLAGS.mark_as_parsed()  # grain workers read absl flags.
+  docs = _docs(_LENGTHS)
+  ds = pipeline.train_dataset(docs, seq_len=16, batch_size=4, seed=1, packing="documents",
+                              shard_index=0, shard_count=1)
+  uninterrupted = _take(TrainIterator(ds), 5)
+  with_worker = TrainIterator(ds, worker_count=1)
+  with_worker.set_state({"next_batch_index": 2})
+  try:
+    _assert_batches_equal(_take(with_worker, 3), uninterrupted[2:])
+  finally:
+    with_worker.close()
+
+
+def test_document_packing_keeps_documents_whole():
+  lengths = _LENGTHS + [16, 40]  # An exact fit and one longer than a row.
+  docs = _docs(lengths)
+  rows = list(itertools.chain.from_iterable(
+      zip(*[b[k] for k in KEYS]) for b in EvalBatches(docs, seq_len=16, batch_size=4,
+                                                      packing="documents")))
+  pieces = []
+  for positions, segments, tokens in rows:
+    n = int((segments > 0).sum())
+    assert (segments[n:] == 0).all() and (tokens[n:] == 0).all()  # Padding at the end.
+    if not n:
+      continue  # An all-padding row filling the last batch.
+    assert (np.diff(segments[:n]) >= 0).all() and segments[0] == 1
+    for s in range(1, segments.max() + 1):
+      piece = tokens[segments == s]
+      np.testing.assert_array_equal(positions[segments == s], np.arange(len(piece)))
+      doc, within = piece // 1000 - 1, piece % 1000
+      assert (doc == doc[0]).all(), "a segment mixes documents"
+      np.testing.assert_array_equal(within, within[0] + np.arange(len(piece)))
+      # Only documents longer than a row are cut, at multiples of the row length.
+      assert within[0] % 16 == 0 and (within[0] == 0 or lengths[doc[0]] > 16)
+      if lengths[doc[0]] <= 16:
+        assert len(piece) == lengths[doc[0]]
+      pieces.append(piece)
+  # Every token exactly once (full pieces of long documents are rows of their own,
+  # so they can come before the tail of an earlier document).
+  np.testing.assert_array_equal(np.sort(np.concatenate(pieces)), docs.tokens)
+
+
+def test_an_epoch_of_packed_rows_visits_every_row_once():
+  docs = _docs(_LENGTHS)
+  num_rows = len(pipeline.pack_documents(docs.offsets, 16)[0]) - 1
+  batches = _take(_iterator(docs, "documents", batch_size=1), num_rows)
+  firsts = [b["tokens"][0, 0] for b in batches]
+  assert len(set(firsts)) == num_rows
+  assert firsts != sorted(firsts)  # Shuffled.
+
+
+@pytest.mark.parametrize("packing", pipeline.PACKINGS)
+@pytest.mark.parametrize("shard_count", [1, 2, 3])
+def test_eval_scores_every_token_exactly_once(packing, shard_count):
+  docs = _docs(_LENGTHS) if packing == "documents" else _stream(1003)
+  shards = [EvalBatches(docs, seq_len=16, batch_size=4, packing=packing, shard_index=p,
+                        shard_count=shard_count) for p in range(shard_count)]
+  assert len({len(s) for s in shards}) == 1  # Every process runs the same number of steps.
+  scored = []
+  for shard in shards:
+    batches = list(shard)
+    assert len(batches) == len(shard)
+    for b in batches:
+      assert all(b[k].shape == (4, 16) for k in KEYS)
+      assert (b["tokens"][b["segment_ids"] == 0] == 0).all()
+      scored.append(b["tokens"][b["segment_ids"] > 0])
+  np.testing.assert_array_equal(np.sort(np.concatenate(scored)), np.sort(docs.tokens))
+  assert list(shards[0]) and all((x["tokens"] == y["tokens"]).all()
+                                 for x, y in zip(shards[0], shards[0]))  # Re-iterable.
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(packing="greedy"), "Unknown packing"),
+    (dict(seed=-1), "seed must be in"),
+    (dict(shard_index=2, shard_count=2), "shard_index=2"),
+    (dict(seq_len=2000), "fewer than seq_len"),
+])
+def test_train_dataset_errors(kwargs, match):
+  args = dict(seq_len=16, batch_size=2, seed=0, packing="concat", shard_index=0, shard_count=1)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    pipeline.train_dataset(_stream(1000), **args)
+
+
+def _config(dataset, path, **data):
+  config = ml_collections.ConfigDict()
+  config.data = ml_collections.ConfigDict(dict(
+      dataset=dataset, path=str(path), seq_len=32, tokenizer="bpe", tokenizer_path="",
+      bpe_vocab_size=300, packing="documents", text_field="text", worker_count=0))
+  config.data.update(data)
+  return config
+
+
+_WORDS = "the a cat dog sat ran on under mat tree big small red blue . ,".split()
+
+
+def _write_jsonl(path, n, seed=0, words=(5, 60)):
+  rng = np.random.default_rng(seed)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(json.dumps({"text": " ".join(rng.choice(_WORDS, rng.integers(*words)))})
+                            for _ in range(n)))
+
+
+def test_load_data_localtext_bpe_and_cache_reuse(tmp_path):
+  _write_jsonl(tmp_path / "corpus" / "docs.jsonl", 60)
+  workdir = tmp_path / "work"
+  data = pipeline.load_data(_config("localtext", tmp_path / "corpus"), str(workdir))
+  assert (workdir / "tokenizer.json").is_file() and data.tokenizer.eos_id is not None
+  assert data.train.num_docs == 57 and data.validation.num_docs == 3
+  batch = next(data.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))
+  assert batch["tokens"].shape == (2, 32) and batch["tokens"].max() < data.tokenizer.vocab_size
+  text = data.tokenizer.decode(batch["tokens"][0][batch["segment_ids"][0] == 1])
+  assert set(text.split()) <= set(_WORDS)
+  # Resume: the same tokenizer and the cached tokens (memory-mapped, pickled by path).
+  again = pipeline.load_data(_config("localtext", tmp_path / "corpus"), str(workdir))
+  assert again.train.path and len(pickle.dumps(again.train)) < 1000
+  np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(again.train)).tokens),
+                                data.train.tokens)
+  _assert_batches_equal(
+      [next(again.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))], [batch])
+  assert len(again.eval_batches(batch_size=2, shard_index=0, shard_count=1)) >= 1
+  with pytest.raises(ValueError, match="No 'test' split"):
+    again.eval_batches(batch_size=2, split="test")
+
+
+@pytest.mark.parametrize("dataset, seq_len, layout", [
+    ("lm1b", 128, ("train", "test")), ("owt", 1024, ("",))])
+def test_lm1b_and_owt_from_local_stand_ins(tmp_path, dataset, seq_len, layout):
+  # A tiny BPE stands in for BERT-base-uncased / GPT-2 (used offline as a tokenizer.json).
+  stand_in = BpeTokenizer.train([" ".join(_WORDS)] * 10, 280)
+  stand_in.save(tmp_path / "tok")
+  for i, split in enumerate(layout):
+    _write_jsonl(tmp_path / "corpus" / split / "part.jsonl", 40 if i == 0 else 5, seed=i,
+                 words=(5, 400))
+  config = _config(dataset, tmp_path / "corpus", seq_len=seq_len, packing="concat",
+                   tokenizer_path=str(tmp_path / "tok" / "tokenizer.json"))
+  data = pipeline.load_data(config, str(tmp_path / "work"))
+  assert data.tokenizer.vocab_size == 280
+  batch = next(data.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))
+  assert batch["tokens"].shape == (2, seq_len) and (batch["segment_ids"] == 1).all()
+  assert (batch["tokens"] == data.tokenizer.eos_id).any()  # Documents are separated by EOS.
+  ev = list(data.eval_batches(batch_size=2, shard_index=0, shard_count=1))
+  assert sum(int((b["segment_ids"] > 0).sum()) for b in ev) == data.validation.num_tokens
+
+
+def test_load_data_text8_shared_file(tmp_path):
+  path = SHARED / "wiki_text8_dev.txt"
+  if not path.is_file():
+    pytest.skip(f"{path} is absent (no shared/ folder beside this checkout)")
+  config = _config("text8", path, seq_len=256, packing="concat")
+  data = pipeline.load_data(config, str(tmp_path))
+  assert data.tokenizer.vocab_size == 27 and data.test is not None
+  batch = next(data.train_iterator(batch_size=4, seed=0, shard_index=0, shard_count=1))
+  assert batch["tokens"].shape == (4, 256) and batch["tokens"].max() < 27
+  assert " the " in " ".join(data.tokenizer.decode(row) for row in batch["tokens"])
+  ev = data.eval_batches(batch_size=64, split="test", shard_index=0, shard_count=1)
+  assert sum(int((b["segment_ids"] > 0).sum()) for b in ev) == data.test.num_tokens
