@@ -1,0 +1,38 @@
+r"""The embedded default: a masked diffusion LM learns a generated Markov language of known entropy.
+
+  python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
+
+Trains in a few minutes on 2 CPU cores, then prints the NELBO in bits/token ± its
+standard error, the language's exact entropy and the gap between them in %.
+"""
+
+from md4jax import config_lib
+
+
+def get_config():
+  config = config_lib.base_config()
+  config.batch_size = 64
+  config.num_train_steps = 2000
+  config.log_every_steps = 100
+  config.eval_every_steps = 2000  # Evaluate once, at the end.
+  config.checkpoint_every_steps = 500
+  # 32 tokens, Dirichlet(0.3) transitions: 3.60 bits/token of entropy against 5 for uniform.
+  config.data.vocab_size = 32
+  config.data.seq_len = 64
+  config.data.concentration = 0.3
+  config.model.num_layers = 2
+  config.model.model_dim = 64
+  config.model.num_heads = 2
+  config.model.mlp_dim = 128
+  config.optimizer.learning_rate = 2e-3
+  config.optimizer.warmup_steps = 100
+  config.optimizer.ema_decay = 0.99
+  # Same objective as "standard" in expectation, lower-variance gradients: learns faster.
+  config.training.estimator = "mask_count"
+  # 1024 sequences x 16 draws: a standard error near 0.2% of the entropy, for seconds of compute.
+  config.eval.num_sequences = 1024
+  config.eval.num_mc_samples = 16
+  config.eval.batch_size = 128
+  config.sample.num_samples = 4
+  config.sample.num_steps = 64
+  return config
