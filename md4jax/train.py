@@ -199,6 +199,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   print(evaluate.summary(results))
   for record in records[:2]:
     print("sample:", record.get("text", " ".join(map(str, record["tokens"]))))
+  if records and "true_bits_per_token" in records[0]:
+    sample_bits = np.mean([record["true_bits_per_token"] for record in records])
+    print(f"samples: {sample_bits:.4f} bits/token under the true language "
+          f"(mean over {len(records)}; the entropy is {results['true_bits_per_token']:.4f})")
   return results
 
 

@@ -121,7 +121,7 @@ def _final_state(workdir, config_overrides):
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-  steps, every = 600, 20
+  steps, every = 300, 20
   flags = [f"--config.num_train_steps={steps}", f"--config.checkpoint_every_steps={every}",
            f"--config.log_every_steps={every}", f"--config.eval_every_steps={steps}"]
   reference, killed = tmp_path / "reference", tmp_path / "killed"
