@@ -10,9 +10,7 @@ times a 2048x2048 float32 matmul, so the achieved GFLOP/s reads as a fraction
 of what this machine's matmul reaches.
 """
 
-import importlib.util
 import json
-import pathlib
 import time
 
 from absl import app
@@ -29,17 +27,9 @@ _SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Mode
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the config's (text8: 2).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step).")
 
-_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 _CPU_TEXT8_BATCH = 2
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
                  "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
-
-
-def load_config(size: str):
-  spec = importlib.util.spec_from_file_location(f"configs_{size}", _CONFIGS / f"{size}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
@@ -56,7 +46,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
 
 def main(argv):
   del argv
-  config = load_config(_SIZE.value)
+  config = config_lib.load_config(_SIZE.value)
   if _BATCH_SIZE.value is not None or _SIZE.value == "text8":
     config.batch_size = _BATCH_SIZE.value or _CPU_TEXT8_BATCH
   mesh = train.make_mesh()

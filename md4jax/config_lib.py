@@ -6,6 +6,8 @@ before any compilation, with a message naming the key.
 """
 
 import functools
+import importlib.util
+import pathlib
 
 import ml_collections
 
@@ -75,7 +77,27 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.num_steps = 64  # Time-grid steps of the mdm sampler (first_hitting and ar take seq_len calls).
   config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, first_hitting or confidence (md4jax.sampling).
   config.sample.temperature = 1.0  # Softmax temperature of every draw; 1 samples the model, 0 is greedy.
+  config.sample.top_k = 0  # Keep only the k most likely tokens of every draw; 0 keeps all.
+  config.sample.top_p = 1.0  # Nucleus: keep the smallest set of tokens with this much probability; 1 keeps all.
+  config.sample.prompt = ""  # Text every sample starts with (markov: space-separated ids); "" starts from all-mask.
+  config.sample.length = 0  # Tokens per sample; 0 = data.seq_len. Longer (mdm): generated block by block.
+  config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2.
+  config.sample.trajectory = True  # Write trajectory.html and .gif of the first sample (mdm, length <= seq_len).
   return config
+
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def load_config(name: str) -> ml_collections.ConfigDict:
+  """`get_config()` of configs/<name>.py in this checkout (benchmarks and tests use it)."""
+  path = CONFIG_DIR / f"{name}.py"
+  if not path.is_file():
+    raise ValueError(f"No config {name!r}: {path} does not exist.")
+  spec = importlib.util.spec_from_file_location(f"md4jax_configs_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def _check(condition: bool, message: str):
@@ -152,4 +174,16 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
   _check(config.sample.method != "cached" or model.time_conditioning == "none",
          "sample.method='cached' reuses logits across steps, so it needs a time-free denoiser "
          "(model.time_conditioning='none'); use 'ancestral'.")
-  _check(config.sample.temperature >= 0, f"sample.temperature must be >= 0, got {config.sample.temperature}.")
+  sample = config.sample
+  _check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
+  _check(isinstance(sample.top_k, int) and sample.top_k >= 0,
+         f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.")
+  _check(0 < sample.top_p <= 1, f"sample.top_p must be in (0, 1] (1: off), got {sample.top_p}.")
+  for name in ("length", "block_length"):
+    _check(isinstance(sample[name], int) and sample[name] >= 0,
+           f"sample.{name} must be an integer >= 0 (0: default), got {sample[name]!r}.")
+  _check(sample.block_length <= data.seq_len,
+         f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.")
+  _check(model.type == "mdm" or sample.length <= data.seq_len,
+         f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
+         "the ar baseline samples up to its context.")

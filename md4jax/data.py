@@ -50,9 +50,22 @@ class MarkovSource:
     """−log2 p(x) / L of each sequence under the true language [B]."""
     return -np.asarray(self.language.log_prob(tokens)) / (self.seq_len * np.log(2.0))
 
-  def decode(self, tokens: np.ndarray) -> Optional[str]:
-    del tokens  # Markov ids have no text.
-    return None
+  def decode(self, tokens: np.ndarray) -> str:
+    """Markov ids have no text: space-separated ids."""
+    return " ".join(str(int(t)) for t in tokens)
+
+  def token_text(self, token: int) -> str:
+    return str(int(token))
+
+  def encode(self, text: str) -> np.ndarray:
+    """Space-separated ids, e.g. a prompt "3 17 5"."""
+    try:
+      ids = np.asarray([int(part) for part in text.split()], np.int32)
+    except ValueError:
+      raise ValueError(f"A markov prompt is space-separated token ids, got {text!r}.") from None
+    if ids.size and not (0 <= ids.min() and ids.max() < self.language.vocab_size):
+      raise ValueError(f"Prompt ids must be in [0, {self.language.vocab_size}), got {text!r}.")
+    return ids
 
 
 class Text8Source:
@@ -96,8 +109,17 @@ class Text8Source:
     del tokens
     return None
 
-  def decode(self, tokens: np.ndarray) -> Optional[str]:
+  def decode(self, tokens: np.ndarray) -> str:
     return "".join(TEXT8_ALPHABET[int(t)] for t in tokens)
+
+  def token_text(self, token: int) -> str:
+    return TEXT8_ALPHABET[int(token)]
+
+  def encode(self, text: str) -> np.ndarray:
+    unknown = sorted(set(text) - set(TEXT8_ALPHABET))
+    if unknown:
+      raise ValueError(f"A text8 prompt holds only a-z and spaces; got {unknown} in {text!r}.")
+    return np.asarray([TEXT8_ALPHABET.index(c) for c in text], np.int32)
 
 
 def make_source(config: ml_collections.ConfigDict):

@@ -1,6 +1,6 @@
-"""Evaluation (NELBO or exact AR NLL, with a standard error) and sample generation.
+"""Evaluation: NELBO or exact AR NLL, with a standard error.
 
-Both take the params to use (the trainer passes the EMA params). Losses of the
+It takes the params to use (the trainer passes the EMA params). Losses of the
 two model types live here too, so training and evaluation score sequences the
 same way.
 
@@ -20,15 +20,9 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from md4jax import categorical
 from md4jax import diffusion
-from md4jax import sampling
+from md4jax import generate
 from md4jax import schedules
-
-
-def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
-  """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it."""
-  return jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
 
 
 def sequence_nats(params, tokens, key, *, model, config: ml_collections.ConfigDict,
@@ -36,7 +30,7 @@ def sequence_nats(params, tokens, key, *, model, config: ml_collections.ConfigDi
   """Per-sequence loss in nats [B]: one NELBO draw (mdm) or the exact NLL (ar)."""
   vocab_size = config.data.vocab_size
   if config.model.type == "ar":
-    logits = model.apply({"params": params}, ar_inputs(tokens, vocab_size))
+    logits = model.apply({"params": params}, generate.ar_inputs(tokens, vocab_size))
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).sum(-1)
   denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t)
   return diffusion.nelbo(key, denoise_fn, tokens, schedules.get_schedule(config.diffusion.schedule),
@@ -113,53 +107,3 @@ def summary(results: dict) -> str:
                  f"(paired excess {results['excess_bits_per_token']:.4f} ± "
                  f"{results['excess_bits_per_token_stderr']:.4f} bits/token)")
   return "\n".join(lines)
-
-
-def ar_sample(key, model, params, *, batch_size: int, length: int, bos_id: int,
-              temperature: float) -> jax.Array:
-  """Token-by-token sampling from a causal model into a fixed buffer, [B, length] int32.
-
-  Each step reruns the model on the whole buffer (no KV cache): simple and
-  shape-static, fine at the lengths trained here.
-  """
-  def step(i, buffer):
-    logits = model.apply({"params": params}, buffer[:, :length])
-    next_logits = jax.lax.dynamic_index_in_dim(logits, i, axis=1, keepdims=False)
-    token = categorical.sample_categorical(jax.random.fold_in(key, i), next_logits,
-                                           temperature=temperature)
-    return jax.lax.dynamic_update_index_in_dim(buffer, token, i + 1, axis=1)
-
-  buffer = jnp.full((batch_size, length + 1), bos_id, jnp.int32)
-  return jax.lax.fori_loop(0, length, step, buffer)[:, 1:]
-
-
-def make_sample_fn(config: ml_collections.ConfigDict, model):
-  """Jitted (params, key) -> config.sample.num_samples sequences [n, seq_len] int32."""
-  cfg, vocab_size = config.sample, config.data.vocab_size
-
-  def sample_fn(params, key):
-    if config.model.type == "ar":
-      return ar_sample(key, model, params, batch_size=cfg.num_samples, length=config.data.seq_len,
-                       bos_id=vocab_size, temperature=cfg.temperature)
-    denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t)
-    tokens, _ = sampling.sample(
-        key, denoise_fn, batch_size=cfg.num_samples, length=config.data.seq_len,
-        schedule=schedules.get_schedule(config.diffusion.schedule), mask_id=vocab_size,
-        method=cfg.method, num_steps=cfg.num_steps, temperature=cfg.temperature)
-    return tokens
-
-  return jax.jit(sample_fn)
-
-
-def sample_records(tokens: np.ndarray, source, step: int) -> list[dict]:
-  """One JSON-ready record per sample: its tokens, text (text8) and true bits/token (markov)."""
-  true_bits = source.true_bits_per_token_of(tokens)
-  records = []
-  for i, row in enumerate(tokens):
-    record = {"step": step, "tokens": [int(t) for t in row]}
-    if (text := source.decode(row)) is not None:
-      record["text"] = text
-    if true_bits is not None:
-      record["true_bits_per_token"] = float(true_bits[i])  # −log2 p(sample) / L under the truth.
-    records.append(record)
-  return records

@@ -25,6 +25,7 @@ from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import data
 from md4jax import evaluate
+from md4jax import generate
 from md4jax import metrics_writer
 from md4jax import model as model_lib
 
@@ -164,9 +165,15 @@ class _Setup:
     if self.config.sample.num_samples == 0:
       return []
     key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 4)
-    tokens = evaluate.make_sample_fn(self.config, self.model)(self.state.ema_params, key)
-    records = evaluate.sample_records(np.asarray(tokens), self.source, int(self.state.step))
+    tokens, nfe, seconds, trajectory = generate.generate(
+        self.config, self.model, self.state.ema_params, self.source, key,
+        record_trajectory=self.config.sample.trajectory)
+    records = generate.sample_records(tokens, self.source, int(self.state.step), self.config, nfe,
+                                      seconds)
     writer.write_samples(records)
+    if trajectory is not None and jax.process_index() == 0:
+      generate.write_trajectory(self.workdir, trajectory, self.source,
+                                mask_id=self.config.data.vocab_size, nfe=nfe)
     return records
 
 
@@ -198,7 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     writer.close()
   print(evaluate.summary(results))
   for record in records[:2]:
-    print("sample:", record.get("text", " ".join(map(str, record["tokens"]))))
+    print("sample:", record["text"])
   if records and "true_bits_per_token" in records[0]:
     sample_bits = np.mean([record["true_bits_per_token"] for record in records])
     print(f"samples: {sample_bits:.4f} bits/token under the true language "

@@ -1,6 +1,5 @@
 """Configs: every file builds and validates; bad values fail with a message naming the key."""
 
-import importlib.util
 import pathlib
 import re
 
@@ -13,10 +12,7 @@ CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8")
 
 
 def load(name):
-  spec = importlib.util.spec_from_file_location(f"config_{name}", CONFIG_DIR / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.load_config(name)
   config.lock()  # As config_flags does: typos fail.
   return config
 

@@ -1,6 +1,5 @@
 """The CLI end to end (subprocesses): train -> eval -> sample, resume after SIGKILL, bad flags."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from md4jax import config_lib
 from md4jax import checkpoint
 from md4jax import train
 
@@ -69,6 +69,23 @@ def test_train_eval_sample(tmp_path):
   samples = read_jsonl(tmp_path / "samples.jsonl")
   assert len(samples) == 3 and all(0 <= t < 8 for s in samples for t in s["tokens"])
   assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2  # eval/sample leave metrics alone.
+  for sample in samples:
+    assert {"text", "nfe", "seconds", "method", "num_steps", "temperature"} <= sample.keys()
+    assert sample["nfe"] == 8 and sample["seconds"] > 0  # tiny: 8 ancestral steps.
+  page = (tmp_path / "trajectory.html").read_text()
+  assert 'type="range"' in page and "http" not in page
+  assert (tmp_path / "trajectory.gif").read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+  # Prompted, top-k, first-hitting, 40 tokens past the 16-token context (block by block).
+  run_cli(tmp_path, "--mode=sample", "--config.sample.prompt=1 2 3", "--config.sample.length=40",
+          "--config.sample.method=first_hitting", "--config.sample.top_k=3")
+  samples = read_jsonl(tmp_path / "samples.jsonl")
+  for sample in samples:
+    assert len(sample["tokens"]) == 40 and sample["tokens"][:3] == [1, 2, 3]
+    assert sample["text"].startswith("1 2 3 ") and sample["top_k"] == 3
+    assert sample["nfe"] == 13 + 3 * 8  # 13 masks in the first window, then 3 blocks of 8.
+  result = run_cli(tmp_path, "--mode=sample", "--config.sample.prompt=1 99", check=False)
+  assert result.returncode != 0 and "Prompt ids must be in [0, 8)" in result.stderr
 
 
 def test_config_typo_fails(tmp_path):
@@ -103,10 +120,7 @@ def test_text8_smoke(tmp_path):
 
 
 def _tiny_config():
-  spec = importlib.util.spec_from_file_location("config_tiny", ROOT / "configs" / "tiny.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return config_lib.load_config("tiny")
 
 
 def _final_state(workdir, config_overrides):

@@ -1,9 +1,7 @@
 """Trainer: golden loss, 8 devices == 1 device, optimizer masks, NaN stop, AR loss, eval/sample."""
 
-import importlib.util
 import json
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -11,11 +9,11 @@ import numpy as np
 import pytest
 
 from md4jax import checkpoint
+from md4jax import config_lib
 from md4jax import data
-from md4jax import evaluate
+from md4jax import generate
 from md4jax import train
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 # Loss of the first step of configs/tiny.py on one device. It changes only when the
 # model, the objective, the data or the initialization change on purpose: update it then.
@@ -23,10 +21,7 @@ GOLDEN_TINY_FIRST_LOSS = 2.363302230834961
 
 
 def load_config(name):
-  spec = importlib.util.spec_from_file_location(f"config_{name}", CONFIG_DIR / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.load_config(name)
   config.lock()
   return config
 
@@ -97,7 +92,7 @@ def test_loss_starts_near_uniform(name):
 
 def test_ar_inputs_shift_right_with_bos():
   tokens = jnp.array([[3, 1, 4, 1]])
-  np.testing.assert_array_equal(evaluate.ar_inputs(tokens, bos_id=8), [[8, 3, 1, 4]])
+  np.testing.assert_array_equal(generate.ar_inputs(tokens, bos_id=8), [[8, 3, 1, 4]])
 
 
 def test_ar_sample_is_causal_and_in_vocab():
@@ -105,15 +100,17 @@ def test_ar_sample_is_causal_and_in_vocab():
   mesh = train.make_mesh(jax.devices()[:1])
   model, optimizer = train.build_model(config), train.make_optimizer(config)
   state = train.init_state(config, model, optimizer, mesh)
-  tokens = evaluate.make_sample_fn(config, model)(state.params, jax.random.PRNGKey(0))
+  source = data.make_source(config)
+  tokens, nfe, _, _ = generate.generate(config, model, state.params, source, jax.random.PRNGKey(0))
+  assert nfe == config.data.seq_len
   assert tokens.shape == (config.sample.num_samples, config.data.seq_len)
   assert tokens.min() >= 0 and tokens.max() < config.data.vocab_size
   greedy = config.copy_and_resolve_references()
   greedy.sample.temperature = 0.0
-  sequence = evaluate.make_sample_fn(greedy, model)(state.params, jax.random.PRNGKey(1))[0]
+  sequence = generate.generate(greedy, model, state.params, source, jax.random.PRNGKey(1))[0][0]
   # Greedy decoding: each token is the argmax of the model given the tokens before it.
   logits = model.apply({"params": state.params},
-                       evaluate.ar_inputs(sequence[None], config.data.vocab_size))[0]
+                       generate.ar_inputs(sequence[None], config.data.vocab_size))[0]
   np.testing.assert_array_equal(jnp.argmax(logits, -1), sequence)
 
 

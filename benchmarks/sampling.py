@@ -1,0 +1,71 @@
+r"""Times every sampler of a named model size and prints one JSON object.
+
+  python benchmarks/sampling.py --size=default
+  python benchmarks/sampling.py --size=tiny --length=128 --steps=8,32,128
+
+For each method and step count: sequences/s, the number of network calls
+(NFE) and seconds per network call. The model has random parameters (speed
+does not depend on training; cached NFE does slightly, through what is
+revealed when). Each configuration is compiled once, then timed over --repeats
+runs.
+"""
+
+import json
+import time
+
+from absl import app
+from absl import flags
+import jax
+
+from md4jax import config_lib
+from md4jax import sampling
+from md4jax import schedules
+from md4jax import train
+
+_SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Model size (config name).")
+_LENGTH = flags.DEFINE_integer("length", None, "Sequence length; default: the config's seq_len.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per sampler call.")
+_STEPS = flags.DEFINE_list("steps", ["16", "64", "256"], "Step counts of the grid methods.")
+_METHODS = flags.DEFINE_list("methods", list(sampling.METHODS), "Sampling methods to time.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per configuration (after one compile run).")
+
+
+def main(argv):
+  del argv
+  config = config_lib.load_config(_SIZE.value)
+  length = _LENGTH.value or config.data.seq_len
+  model = train.build_model(config)
+  mask_id = config.data.vocab_size
+  params = train.init_state(config, model, train.make_optimizer(config), train.make_mesh()).params
+  schedule = schedules.get_schedule(config.diffusion.schedule)
+  results = []
+  for method in _METHODS.value:
+    for num_steps in ([None] if method == "first_hitting" else [int(s) for s in _STEPS.value]):
+      run = jax.jit(lambda key, params, method=method, num_steps=num_steps: sampling.sample(
+          key, lambda z, a: model.apply({"params": params}, z, a), batch_size=_BATCH_SIZE.value,
+          length=length, schedule=schedule, mask_id=mask_id, method=method, num_steps=num_steps))
+      jax.block_until_ready(run(jax.random.PRNGKey(0), params))
+      start = time.perf_counter()
+      nfe = 0
+      for repeat in range(_REPEATS.value):
+        tokens, info = run(jax.random.PRNGKey(repeat + 1), params)
+        nfe += int(info["nfe"])  # Blocks until this run is done.
+      seconds = time.perf_counter() - start
+      results.append({
+          "method": method,
+          "num_steps": num_steps,
+          "nfe": nfe / _REPEATS.value,
+          "sequences_per_second": _BATCH_SIZE.value * _REPEATS.value / seconds,
+          "seconds_per_network_call": seconds / nfe,
+      })
+  print(json.dumps({
+      "size": _SIZE.value,
+      "length": length,
+      "batch_size": _BATCH_SIZE.value,
+      "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+      "results": results,
+  }, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)
