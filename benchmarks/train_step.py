@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from md4jax import config_lib
+from md4jax import data
+from md4jax import evaluate
 from md4jax import model as model_lib
 from md4jax import train
 
@@ -55,9 +57,8 @@ def main(argv):
   state = train.init_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
   shape = (config.batch_size, config.data.seq_len)
-  batches = [jax.device_put(np.random.default_rng(i).integers(0, config.data.vocab_size, shape,
-                                                              dtype=np.int32), train.batch_sharding(mesh))
-             for i in range(2)]
+  batches = [evaluate.device_batch(data.dense_batch(np.random.default_rng(i).integers(
+      0, config.data.vocab_size, shape, dtype=np.int32)), mesh) for i in range(2)]
   start = time.perf_counter()
   state, metrics = step_fn(state, batches[0])
   jax.block_until_ready(metrics)

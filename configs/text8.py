@@ -4,8 +4,14 @@ linear schedule, AdamW 3e-4, batch 512, warmup 2000, EMA 0.9999, 1M steps.
   python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8 \
       --config.data.path=/path/to/text8
 
-data.path is a text8-format file (a-z and single spaces; the unzipped text8 corpus is one);
-its last 10% is held out for evaluation. A short smoke run on the shared dev file:
+data.path is the text8 corpus (`text8` or `text8.zip`, split 90M/5M/5M) or any text8-format
+file (a-z and single spaces, split 90/5/5 by position). `configs/text8.py:cpu` is a
+CPU-sized variant (about 1.8M parameters) that learns in minutes:
+
+  python -m md4jax.main --config=configs/text8.py:cpu --workdir=/tmp/md4jax_text8_cpu \
+      --config.data.path=../shared/data/wiki_text8_dev.txt
+
+A short smoke run of the paper model on the shared dev file:
 
   python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8_smoke \
       --config.data.path=../shared/data/wiki_text8_dev.txt --config.batch_size=2 \
@@ -16,7 +22,10 @@ its last 10% is held out for evaluation. A short smoke run on the shared dev fil
 from md4jax import config_lib
 
 
-def get_config():
+def get_config(variant: str = ""):
+  """variant "" is the paper's setting; "cpu" a small model for a laptop."""
+  if variant not in ("", "cpu"):
+    raise ValueError(f"Unknown text8 variant {variant!r}; valid: '' (paper), 'cpu'.")
   config = config_lib.base_config()
   config.batch_size = 512
   config.num_train_steps = 1_000_000
@@ -43,4 +52,21 @@ def get_config():
   config.eval.batch_size = 256
   config.sample.num_samples = 8
   config.sample.num_steps = 256
+  if variant == "cpu":
+    config.batch_size = 16  # Two cores: small steps.
+    config.num_train_steps = 1000  # About 4M characters: minutes on a laptop; samples show word shapes.
+    config.log_every_steps = 50
+    config.eval_every_steps = 1000
+    config.checkpoint_every_steps = 500
+    config.model.num_layers = 4
+    config.model.model_dim = 192
+    config.model.num_heads = 3
+    config.model.mlp_dim = 512
+    config.optimizer.learning_rate = 1e-3  # A small model tolerates a higher peak rate.
+    config.optimizer.warmup_steps = 200
+    config.optimizer.ema_decay = 0.999
+    config.training.max_checkpoints_to_keep = 3
+    config.eval.num_sequences = 256
+    config.eval.batch_size = 16
+    config.sample.num_samples = 4
   return config

@@ -15,7 +15,9 @@ from md4jax import diffusion
 from md4jax import sampling
 from md4jax import schedules
 
-DATASETS = ("markov", "text8")
+DATASETS = ("markov", "text8", "localtext", "lm1b", "owt")
+TOKENIZERS = ("char", "byte", "bpe")
+PACKINGS = ("concat", "documents")
 MODEL_TYPES = ("mdm", "ar")
 TIME_CONDITIONINGS = ("none", "adaln")
 DTYPES = ("float32", "bfloat16")
@@ -34,12 +36,18 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
 
   config.data = ml_collections.ConfigDict()
-  config.data.dataset = "markov"  # "markov": generated language with exact entropy; "text8": a local file.
-  config.data.vocab_size = 32  # Clean token ids [0, vocab_size); the mask id is vocab_size.
+  config.data.dataset = "markov"  # "markov" (generated, exact entropy), "text8", "localtext", "lm1b" or "owt".
+  config.data.vocab_size = 32  # Clean token ids [0, vocab_size); the mask id is vocab_size. Text: the tokenizer's size.
   config.data.seq_len = 64  # Tokens per training and evaluation sequence.
   config.data.language_seed = 0  # markov: seeds the transition matrix and the evaluation sequences.
   config.data.concentration = 0.3  # markov: Dirichlet concentration of transition rows (small = predictable).
-  config.data.path = ""  # text8: a text8-format file (a-z and single spaces); last 10% held out for eval.
+  config.data.path = ""  # Text datasets: a local file or folder (text8: text8/text8.zip, split 90/5/5).
+  config.data.tokenizer = "char"  # localtext: "char" (data's alphabet + EOS), "byte" (256 + EOS) or "bpe".
+  config.data.bpe_vocab_size = 4096  # "bpe": ids of the BPE trained on the training split (EOS included).
+  config.data.tokenizer_path = ""  # A local tokenizer.json instead (lm1b/owt: BERT/GPT-2's); "" trains or fetches one.
+  config.data.packing = "concat"  # Text rows: "concat" (random windows of the token stream) or "documents".
+  config.data.text_field = "text"  # JSONL files: the field holding each document's text.
+  config.data.worker_count = 0  # grain worker processes for text batches; 0 reads in the training process.
 
   config.model = ml_collections.ConfigDict()
   config.model.type = "mdm"  # "mdm": bidirectional masked-diffusion denoiser; "ar": causal next-token baseline.
@@ -90,14 +98,15 @@ CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
 def load_config(name: str) -> ml_collections.ConfigDict:
-  """`get_config()` of configs/<name>.py in this checkout (benchmarks and tests use it)."""
+  """`get_config()` of configs/<name>.py (or get_config(arg) for "name:arg") in this checkout."""
+  name, _, arg = name.partition(":")
   path = CONFIG_DIR / f"{name}.py"
   if not path.is_file():
     raise ValueError(f"No config {name!r}: {path} does not exist.")
   spec = importlib.util.spec_from_file_location(f"md4jax_configs_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(arg) if arg else module.get_config()
 
 
 def _check(condition: bool, message: str):
@@ -137,9 +146,17 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
     _check(data.vocab_size == TEXT8_VOCAB_SIZE,
            f"data.vocab_size={data.vocab_size} does not match text8's {TEXT8_VOCAB_SIZE} ids: "
            f"the mask id (= vocab_size) must be {TEXT8_VOCAB_SIZE}, one past the last data id.")
-    _check(bool(data.path), "data.path must name a text8-format file when data.dataset='text8'.")
-  else:
+  if data.dataset == "markov":
     _check(data.concentration > 0, f"data.concentration must be > 0, got {data.concentration}.")
+  else:
+    _check(bool(data.path) or data.dataset in ("lm1b", "owt"),
+           f"data.path must name a local file or folder when data.dataset={data.dataset!r}.")
+    _check_choice(data.tokenizer, "data.tokenizer", TOKENIZERS)
+    _check_choice(data.packing, "data.packing", PACKINGS)
+    _check(isinstance(data.worker_count, int) and data.worker_count >= 0,
+           f"data.worker_count must be an integer >= 0, got {data.worker_count!r}.")
+    _check(data.bpe_vocab_size >= 258 or data.tokenizer != "bpe",
+           f"data.bpe_vocab_size must be >= 258 (256 bytes, EOS and a merge), got {data.bpe_vocab_size}.")
 
   model = config.model
   _check_choice(model.type, "model.type", MODEL_TYPES)

@@ -1,24 +1,64 @@
-"""Training and evaluation data: the generated Markov language, or a local text8 file.
+"""The trainer's data sources: the generated Markov language, or a text corpus.
 
-Every training batch is a pure function of (seed, batch index), so the
-iterator's whole state is the next batch index: it is checkpointed with the
-train state and a resumed run sees exactly the batches it would have seen.
+Both yield batches as dicts of int32 [B, L] arrays: `tokens`, `segment_ids`
+(0 = padding, never masked nor scored; packed documents have distinct ids and
+attend only within themselves) and `positions` (restart per document). Each
+source has a training iterator whose checkpointable state is the next batch
+index, so a resumed run sees exactly the batches it would have seen, and
+finite evaluation batches.
 """
 
-import pathlib
+import itertools
 from typing import Optional
 
 import jax
 import ml_collections
 import numpy as np
 
-from md4jax import config_lib
 from md4jax import groundtruth
+from md4jax import pipeline
 
-TEXT8_ALPHABET = "abcdefghijklmnopqrstuvwxyz "
-assert len(TEXT8_ALPHABET) == config_lib.TEXT8_VOCAB_SIZE
-# text8 files hold no held-out split; the last share of the file is held out for eval.
-TEXT8_EVAL_FRACTION = 0.1
+
+def dense_batch(tokens: np.ndarray) -> dict:
+  """A batch of unpadded, unpacked rows: one segment each, positions 0..L−1."""
+  tokens = np.asarray(tokens, np.int32)
+  return {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+          "positions": np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape).copy()}
+
+
+def _padded_batches(rows: np.ndarray, batch_size: int) -> list:
+  """Rows in batches of batch_size; the last one filled with padding rows (segment 0)."""
+  batches = []
+  for start in range(0, len(rows), batch_size):
+    batch = dense_batch(rows[start:start + batch_size])
+    missing = batch_size - batch["tokens"].shape[0]
+    batches.append({k: np.pad(v, ((0, missing), (0, 0))) for k, v in batch.items()})
+  return batches
+
+
+class BatchIterator:
+  """Yields source.batch(i) for i = 0, 1, ...; its checkpointable state is the next index."""
+
+  def __init__(self, source, next_batch_index: int = 0):
+    self.source = source
+    self.next_batch_index = next_batch_index
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = self.source.batch(self.next_batch_index)
+    self.next_batch_index += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"next_batch_index": self.next_batch_index}
+
+  def set_state(self, state: dict):
+    self.next_batch_index = int(state["next_batch_index"])
+
+  def close(self):
+    pass  # Nothing to release: batches are computed on demand.
 
 
 class MarkovSource:
@@ -29,17 +69,25 @@ class MarkovSource:
     self.language = groundtruth.MarkovLanguage(data.vocab_size, seed=data.language_seed,
                                                concentration=data.concentration)
     self.seq_len = data.seq_len
-    self.batch_size = config.batch_size
+    self.batch_size = config.batch_size // jax.process_count()
     self._train_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+    if jax.process_count() > 1:  # Each process draws its own rows.
+      self._train_key = jax.random.fold_in(self._train_key, jax.process_index())
     # Evaluation sequences depend on the language only, so runs with different seeds compare.
     self._eval_key = jax.random.fold_in(jax.random.PRNGKey(data.language_seed), 2)
 
-  def batch(self, index: int) -> np.ndarray:
+  def batch(self, index: int) -> dict:
     key = jax.random.fold_in(self._train_key, index)
-    return np.asarray(self.language.sample(key, self.batch_size, self.seq_len))
+    return dense_batch(self.language.sample(key, self.batch_size, self.seq_len))
 
-  def eval_sequences(self, num_sequences: int) -> np.ndarray:
-    return np.asarray(self.language.sample(self._eval_key, num_sequences, self.seq_len))
+  def train_iterator(self) -> BatchIterator:
+    return BatchIterator(self)
+
+  def eval_batches(self, num_sequences: int, batch_size: int) -> list:
+    """This process's share of the evaluation rows (every process draws the same rows)."""
+    rows = np.asarray(self.language.sample(self._eval_key, num_sequences, self.seq_len))
+    count = jax.process_count()
+    return _padded_batches(rows[jax.process_index()::count], batch_size // count)
 
   @property
   def true_bits_per_token(self) -> Optional[float]:
@@ -48,7 +96,7 @@ class MarkovSource:
 
   def true_bits_per_token_of(self, tokens: np.ndarray) -> Optional[np.ndarray]:
     """−log2 p(x) / L of each sequence under the true language [B]."""
-    return -np.asarray(self.language.log_prob(tokens)) / (self.seq_len * np.log(2.0))
+    return -np.asarray(self.language.log_prob(tokens)) / (tokens.shape[1] * np.log(2.0))
 
   def decode(self, tokens: np.ndarray) -> str:
     """Markov ids have no text: space-separated ids."""
@@ -68,84 +116,46 @@ class MarkovSource:
     return ids
 
 
-class Text8Source:
-  """Random windows of a text8-format file: chars a-z and space, one id each."""
+class TextSource:
+  """A tokenized corpus (text8, a local corpus, LM1B, OpenWebText) through md4jax.pipeline."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    path = pathlib.Path(config.data.path)
-    if not path.is_file():
-      raise FileNotFoundError(f"config.data.path={str(path)!r} is not a file (text8 format expected).")
-    text = path.read_text(encoding="utf-8").strip()
-    lookup = np.full(256, 255, np.uint8)
-    lookup[np.frombuffer(TEXT8_ALPHABET.encode(), np.uint8)] = np.arange(len(TEXT8_ALPHABET))
-    ids = lookup[np.frombuffer(text.encode("utf-8"), np.uint8)]
-    if (ids == 255).any():
-      bad = sorted(set(text) - set(TEXT8_ALPHABET))[:10]
-      raise ValueError(f"{path} is not text8-format: characters outside a-z and space: {bad}.")
-    split = int(len(ids) * (1.0 - TEXT8_EVAL_FRACTION))
-    self.train_ids, self.eval_ids = ids[:split], ids[split:]
-    self.seq_len = config.data.seq_len
-    self.batch_size = config.batch_size
-    self.seed = config.seed
-    if min(len(self.train_ids), len(self.eval_ids)) < self.seq_len:
-      raise ValueError(f"{path} has too few characters ({len(ids)}) for seq_len={self.seq_len}.")
+  true_bits_per_token = None  # Real text: the entropy is unknown.
 
-  def batch(self, index: int) -> np.ndarray:
-    rng = np.random.default_rng((self.seed, index))
-    starts = rng.integers(0, len(self.train_ids) - self.seq_len + 1, size=self.batch_size)
-    return self.train_ids[starts[:, None] + np.arange(self.seq_len)].astype(np.int32)
+  def __init__(self, config: ml_collections.ConfigDict, workdir: Optional[str]):
+    self.config = config
+    self.data = pipeline.load_data(config, workdir)
+    self.tokenizer = self.data.tokenizer
+    if self.tokenizer.vocab_size != config.data.vocab_size:
+      raise ValueError(
+          f"Invalid config: data.vocab_size={config.data.vocab_size} but the {config.data.dataset} "
+          f"tokenizer has {self.tokenizer.vocab_size} ids; set --config.data.vocab_size="
+          f"{self.tokenizer.vocab_size} (the mask id is one past the last token id).")
 
-  def eval_sequences(self, num_sequences: int) -> np.ndarray:
-    """The first `num_sequences` disjoint windows of the held-out text (fewer if it is short)."""
-    available = len(self.eval_ids) // self.seq_len
-    count = min(num_sequences, available)
-    return self.eval_ids[:count * self.seq_len].reshape(count, self.seq_len).astype(np.int32)
+  def train_iterator(self) -> pipeline.TrainIterator:
+    return self.data.train_iterator(batch_size=self.config.batch_size // jax.process_count(),
+                                    seed=self.config.seed, worker_count=self.config.data.worker_count)
 
-  @property
-  def true_bits_per_token(self) -> Optional[float]:
-    return None  # Real text: the entropy is unknown.
+  def eval_batches(self, num_sequences: int, batch_size: int):
+    """The first batches of the validation split's rows, enough for num_sequences rows."""
+    batches = self.data.eval_batches(batch_size=batch_size // jax.process_count())
+    return itertools.islice(batches, -(-num_sequences // batch_size))
 
   def true_bits_per_token_of(self, tokens: np.ndarray) -> Optional[np.ndarray]:
     del tokens
     return None
 
   def decode(self, tokens: np.ndarray) -> str:
-    return "".join(TEXT8_ALPHABET[int(t)] for t in tokens)
+    return self.tokenizer.decode([int(t) for t in tokens])
 
   def token_text(self, token: int) -> str:
-    return TEXT8_ALPHABET[int(token)]
+    return self.tokenizer.decode([int(token)])
 
   def encode(self, text: str) -> np.ndarray:
-    unknown = sorted(set(text) - set(TEXT8_ALPHABET))
-    if unknown:
-      raise ValueError(f"A text8 prompt holds only a-z and spaces; got {unknown} in {text!r}.")
-    return np.asarray([TEXT8_ALPHABET.index(c) for c in text], np.int32)
+    return np.asarray(self.tokenizer.encode(text), np.int32)
 
 
-def make_source(config: ml_collections.ConfigDict):
-  """The data source named by config.data.dataset."""
+def make_source(config: ml_collections.ConfigDict, workdir: Optional[str] = None):
+  """The data source named by config.data.dataset (text tokenizers are saved in workdir)."""
   if config.data.dataset == "markov":
     return MarkovSource(config)
-  return Text8Source(config)
-
-
-class BatchIterator:
-  """Yields source batches in order; its checkpointable state is the next batch index."""
-
-  def __init__(self, source, next_batch_index: int = 0):
-    self.source = source
-    self.next_batch_index = next_batch_index
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> np.ndarray:
-    batch = self.source.batch(self.next_batch_index)
-    self.next_batch_index += 1
-    return batch
-
-  def get_state(self) -> dict:
-    return {"next_batch_index": self.next_batch_index}
-
-  def set_state(self, state: dict):
-    self.next_batch_index = int(state["next_batch_index"])
+  return TextSource(config, None if workdir is None else str(workdir))

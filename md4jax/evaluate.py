@@ -25,31 +25,39 @@ from md4jax import generate
 from md4jax import schedules
 
 
-def sequence_nats(params, tokens, key, *, model, config: ml_collections.ConfigDict,
+def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
                   estimator: str, t_sampling: str) -> jax.Array:
-  """Per-sequence loss in nats [B]: one NELBO draw (mdm) or the exact NLL (ar)."""
+  """Per-row loss in nats [B] over the valid tokens (segment_ids > 0): a NELBO draw (mdm) or the exact NLL (ar)."""
+  tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
+  valid = segments > 0
   vocab_size = config.data.vocab_size
   if config.model.type == "ar":
-    logits = model.apply({"params": params}, generate.ar_inputs(tokens, vocab_size))
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).sum(-1)
-  denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t)
+    # Each document starts from BOS: a packed document never reads its predecessor's end.
+    inputs = jnp.where(positions == 0, vocab_size, generate.ar_inputs(tokens, vocab_size))
+    logits = model.apply({"params": params}, inputs, None, segments, positions)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
+    return jnp.where(valid, nll, 0.0).sum(-1)
+  denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
   return diffusion.nelbo(key, denoise_fn, tokens, schedules.get_schedule(config.diffusion.schedule),
-                         mask_id=vocab_size, estimator=estimator, t_sampling=t_sampling)
+                         mask_id=vocab_size, editable=valid, estimator=estimator,
+                         t_sampling=t_sampling)
 
 
 def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
-  """Jitted (params, tokens [b, L], key) -> per-sequence nats [b], averaged over MC draws."""
+  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), num_tokens [b], tokens [b, L]}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
 
-  def eval_fn(params, tokens, key):
+  def eval_fn(params, batch, key):
     def add_draw(total, draw_key):
-      # Uniform (not stratified) t keeps the sequences' estimates independent, so the
-      # standard error over sequences is honest.
-      nats = sequence_nats(params, tokens, draw_key, model=model, config=config,
+      # Uniform (not stratified) t keeps the rows' estimates independent, so the
+      # standard error over rows is honest.
+      nats = sequence_nats(params, batch, draw_key, model=model, config=config,
                            estimator=config.eval.estimator, t_sampling="uniform")
       return total + nats, None
-    total, _ = jax.lax.scan(add_draw, jnp.zeros(tokens.shape[0]), jax.random.split(key, num_draws))
-    return total / num_draws
+    rows = batch["tokens"].shape[0]
+    total, _ = jax.lax.scan(add_draw, jnp.zeros(rows), jax.random.split(key, num_draws))
+    return {"nats": total / num_draws, "num_tokens": (batch["segment_ids"] > 0).sum(-1),
+            "tokens": batch["tokens"]}
 
   replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   return jax.jit(eval_fn, in_shardings=(replicated, batch, replicated), out_shardings=replicated)
@@ -60,25 +68,40 @@ def _mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
   return float(values.mean()), float(stderr)
 
 
+def per_token_and_stderr(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[float, float]:
+  """Σ nats / Σ tokens (per valid token, never per mask) and its delta-method standard error."""
+  ratio = nats.sum() / num_tokens.sum()
+  residual = nats - ratio * num_tokens
+  n = len(nats)
+  stderr = (math.sqrt((residual ** 2).sum() / (n * (n - 1))) / num_tokens.mean()
+            if n > 1 else float("nan"))
+  return float(ratio), float(stderr)
+
+
+def device_batch(batch: dict, mesh) -> dict:
+  """A process-local batch dict as global arrays sharded over the mesh's data axis."""
+  sharding = NamedSharding(mesh, P("data"))
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
 def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -> dict:
-  """NELBO bits/token of held-out sequences ± standard error, against the truth where known."""
-  sequences = source.eval_sequences(config.eval.num_sequences)
-  num_sequences, seq_len = sequences.shape
-  chunk = config.eval.batch_size
-  padded = np.concatenate([sequences, np.zeros((-num_sequences % chunk, seq_len), sequences.dtype)])
+  """NELBO bits/token of held-out rows ± standard error, against the truth where known."""
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 3)
-  batch_sharding = NamedSharding(mesh, P("data"))
-  nats = np.concatenate([
-      np.asarray(eval_fn(params, jax.device_put(padded[i:i + chunk], batch_sharding),
-                         jax.random.fold_in(key, i)))
-      for i in range(0, len(padded), chunk)])[:num_sequences]
-  bits = nats / (seq_len * math.log(2.0))
-  mean, stderr = _mean_and_stderr(bits)
+  outputs = [jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i)))
+             for i, batch in enumerate(source.eval_batches(config.eval.num_sequences,
+                                                           config.eval.batch_size))]
+  nats, num_tokens, rows = (np.concatenate([o[k] for o in outputs])
+                            for k in ("nats", "num_tokens", "tokens"))
+  scored = num_tokens > 0  # Padding rows fill the last batch.
+  nats, num_tokens = nats[scored][:config.eval.num_sequences], num_tokens[scored][:config.eval.num_sequences]
+  per_token, stderr = per_token_and_stderr(nats, num_tokens)
+  mean, stderr = per_token / math.log(2.0), stderr / math.log(2.0)
   results = {
       "nelbo_bits_per_token": mean,
       "nelbo_bits_per_token_stderr": stderr,
       "perplexity": 2.0 ** mean,
-      "num_sequences": num_sequences,
+      "num_sequences": int(len(nats)),
+      "num_tokens": int(num_tokens.sum()),
       "model_type": config.model.type,
   }
   if config.model.type == "ar":
@@ -89,6 +112,8 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -
     results.update(estimator=config.eval.estimator, num_mc_samples=config.eval.num_mc_samples)
   if source.true_bits_per_token is not None:
     true_bits = source.true_bits_per_token
+    sequences = rows[scored][:len(nats)]
+    bits = nats / (num_tokens * math.log(2.0))
     # The excess over the exact −log2 p of the same sequences cancels their sampling noise.
     excess, excess_stderr = _mean_and_stderr(bits - source.true_bits_per_token_of(sequences))
     results.update(true_bits_per_token=true_bits, gap_percent=100.0 * (mean - true_bits) / true_bits,

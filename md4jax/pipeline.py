@@ -387,7 +387,7 @@ PRETRAINED = {"lm1b": "bert-base-uncased", "owt": "gpt2"}
 def _make_tokenizer(data, corpus: corpora.Corpus, workdir):
   if data.dataset == "text8":
     return tokenizer_lib.make_tokenizer("text8", workdir=workdir)
-  kind, path = data.tokenizer, data.get("tokenizer_path", "")
+  kind, path = data.tokenizer, data.tokenizer_path
   saved = workdir and (pathlib.Path(workdir) / tokenizer_lib.TOKENIZER_FILE).is_file()
   if data.dataset in PRETRAINED and kind == "bpe" and not path and not saved:
     tok = tokenizer_lib.BpeTokenizer.from_pretrained(PRETRAINED[data.dataset])
@@ -395,7 +395,7 @@ def _make_tokenizer(data, corpus: corpora.Corpus, workdir):
       tok.save(workdir)
     return tok
   return tokenizer_lib.make_tokenizer(kind, train_text_iter=corpus.train, path=path or None,
-                                      vocab_size=data.get("bpe_vocab_size"), workdir=workdir)
+                                      vocab_size=data.bpe_vocab_size, workdir=workdir)
 
 
 def load_data(config, workdir: Optional[str] = None) -> Data:
@@ -407,7 +407,7 @@ def load_data(config, workdir: Optional[str] = None) -> Data:
   names a local tokenizer.json.
   """
   data = config.data
-  corpus = corpora.load_corpus(data.dataset, data.path, text_field=data.get("text_field", "text"))
+  corpus = corpora.load_corpus(data.dataset, data.path, text_field=data.text_field)
   tok = _make_tokenizer(data, corpus, workdir)
 
   def encode(split: str, documents):
@@ -421,4 +421,4 @@ def load_data(config, workdir: Optional[str] = None) -> Data:
 
   return Data(tok, encode("train", corpus.train), encode("validation", corpus.validation),
               encode("test", corpus.test), seq_len=data.seq_len,
-              packing=data.get("packing", "concat"))
+              packing=data.packing)

@@ -102,16 +102,16 @@ def init_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) 
   return jax.jit(init, out_shardings=shardings)(rng)
 
 
-def train_step(state: TrainState, batch: jax.Array, *, model, optimizer,
+def train_step(state: TrainState, batch: dict, *, model, optimizer,
                config: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
-  """One optimizer step on a batch [B, L] of clean tokens. Pure."""
+  """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions). Pure."""
   key = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params):
     nats = evaluate.sequence_nats(params, batch, key, model=model, config=config,
                                   estimator=config.training.estimator, t_sampling="stratified")
     # Per valid token, never per masked token (MATH.md, "Objective").
-    return nats.sum() / batch.size
+    return nats.sum() / jnp.maximum((batch["segment_ids"] > 0).sum(), 1)
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -144,10 +144,10 @@ class _Setup:
     self.mesh = make_mesh()
     config_lib.validate_config(config, self.mesh.size)
     self.config, self.workdir = config, pathlib.Path(workdir)
-    self.source = data.make_source(config)
+    self.source = data.make_source(config, workdir)
     self.model, self.optimizer = build_model(config), make_optimizer(config)
     self.state = init_state(config, self.model, self.optimizer, self.mesh)
-    self.iterator = data.BatchIterator(self.source)
+    self.iterator = self.source.train_iterator()
     self.manager = checkpoint.make_manager(self.workdir, config.training.max_checkpoints_to_keep)
     restored = checkpoint.restore(self.manager, checkpoint.abstract_like(self.state))
     self.restored_step: Optional[int] = None
@@ -202,6 +202,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
     records = setup.sample(writer)
   finally:
     setup.manager.wait_until_finished()  # A pending async save completes even on error.
+    setup.iterator.close()
     writer.close()
   print(evaluate.summary(results))
   for record in records[:2]:
@@ -218,12 +219,11 @@ def _train_loop(setup: _Setup, writer: metrics_writer.MetricsWriter) -> TrainSta
   config, state = setup.config, setup.state
   start_step, last_checkpoint = int(state.step), setup.restored_step
   step_fn = make_train_step(config, setup.model, setup.optimizer, setup.mesh, state)
-  sharding = batch_sharding(setup.mesh)
   progress = metrics_writer.ProgressLine(config.num_train_steps)
   unchecked, window = [], []  # Device metrics not yet fetched; fetched ones since the last log.
   window_start, timed_steps = time.perf_counter(), 0
   for step in range(start_step + 1, config.num_train_steps + 1):
-    state, metrics = step_fn(state, jax.device_put(next(setup.iterator), sharding))
+    state, metrics = step_fn(state, evaluate.device_batch(next(setup.iterator), setup.mesh))
     unchecked.append((step, metrics))
     if step == start_step + 1:  # Compilation: keep it out of tokens/s.
       jax.block_until_ready(metrics)

@@ -8,7 +8,7 @@ import pytest
 from md4jax import config_lib
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
-CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8")
+CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8", "text8:cpu")
 
 
 def load(name):
@@ -21,8 +21,20 @@ def load(name):
 def test_config_validates_and_documents_its_command(name):
   config = load(name)
   config_lib.validate_config(config, num_devices=1)
-  assert f"--config=configs/{name}.py" in (CONFIG_DIR / f"{name}.py").read_text()
+  file_name, _, variant = name.partition(":")
+  command = f"--config=configs/{file_name}.py" + (f":{variant}" if variant else "")
+  assert command in (CONFIG_DIR / f"{file_name}.py").read_text()
   assert set(config.keys()) == set(config_lib.base_config().keys())  # No dead or missing keys.
+
+
+def test_localtext_config_validates_once_given_a_path():
+  config = load("localtext")
+  with pytest.raises(ValueError, match="data.path"):
+    config_lib.validate_config(config, num_devices=1)
+  config.data.path = "corpus.txt"
+  config_lib.validate_config(config, num_devices=1)
+  assert "--config=configs/localtext.py" in (CONFIG_DIR / "localtext.py").read_text()
+  assert config.data.keys() == config_lib.base_config().data.keys()
 
 
 def test_required_top_level_keys():
@@ -81,7 +93,12 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(optimizer__learning_rate=0.0), r"optimizer.learning_rate must be > 0"),
     (dict(model__num_heads=3), r"model.model_dim=32 / model.num_heads=3 must be an even integer head dim"),
     (dict(sample__method="beam"), r"sample.method='beam' is unknown"),
-    (dict(data__dataset="lm1b"), r"data.dataset='lm1b' is unknown; valid: markov, text8"),
+    (dict(data__dataset="wikitext"), r"data.dataset='wikitext' is unknown; valid: markov, text8"),
+    (dict(data__dataset="localtext"), r"data.path must name a local file or folder"),
+    (dict(data__dataset="localtext", data__path="x", data__packing="ragged"),
+     r"data.packing='ragged' is unknown"),
+    (dict(sample__top_p=0.0), r"sample.top_p must be in \(0, 1\]"),
+    (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
 ])
 def test_bad_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):

@@ -11,6 +11,7 @@ import pytest
 from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import data
+from md4jax import evaluate
 from md4jax import generate
 from md4jax import train
 
@@ -32,10 +33,10 @@ def first_steps(config, devices, num_steps=1):
   model, optimizer = train.build_model(config), train.make_optimizer(config)
   state = train.init_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
-  iterator = data.BatchIterator(data.make_source(config))
+  iterator = data.make_source(config).train_iterator()
   history = []
   for _ in range(num_steps):
-    state, metrics = step_fn(state, jax.device_put(next(iterator), train.batch_sharding(mesh)))
+    state, metrics = step_fn(state, evaluate.device_batch(next(iterator), mesh))
     history.append(jax.device_get(metrics))
   return state, history
 
