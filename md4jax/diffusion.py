@@ -173,9 +173,11 @@ def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
   n_editable = editable.sum(-1)
   num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
   scores = jnp.where(editable, jax.random.uniform(key, x.shape), 2.0)  # Non-editable sort last.
-  sorted_scores = jnp.sort(scores, axis=-1)
+  order = jnp.argsort(scores, axis=-1)
+  # Ranks, not a threshold: float32 uniforms tie often enough at long L to mask k + 1.
+  masked = editable & (jnp.argsort(order, axis=-1) < num_masked[:, None])
+  sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
   kth_smallest = jnp.take_along_axis(sorted_scores, num_masked[:, None] - 1, axis=-1)
-  masked = editable & (scores <= kth_smallest)
   z = jnp.where(masked, mask_id, x).astype(x.dtype)
   alpha = 1.0 - jnp.minimum(kth_smallest[:, 0], 1.0)  # Sequences with nothing editable: α = 0.
   ce = masked_cross_entropy(denoise_fn(z, alpha), x, z, mask_id=mask_id)

@@ -396,3 +396,23 @@ def test_per_token_figures_divide_by_valid_tokens():
   total_nats = jnp.asarray([np.log(2.0) * 30.0])
   np.testing.assert_allclose(diffusion.bits_per_token(total_nats, 10), 3.0, rtol=1e-6)
   np.testing.assert_allclose(diffusion.perplexity(total_nats, 10), 8.0, rtol=1e-5)
+
+
+def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
+  """k = ceil(u n) positions exactly, even where float32 uniforms tie (likely at L = 8192)."""
+  x = jnp.zeros((16, 8192), jnp.int32)
+  editable = jnp.ones(x.shape, bool).at[:, :100].set(False)
+  u = jnp.linspace(0.01, 1.0, 16)
+  seen = []
+
+  def spy(z, alpha):
+    seen.append((z, alpha))
+    return jnp.zeros(z.shape + (VOCAB,))
+
+  diffusion._mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
+  (z, alpha), = seen
+  expected = np.ceil(np.asarray(u) * 8092).astype(int)
+  np.testing.assert_array_equal(np.asarray(z == MASK_ID).sum(-1), expected)
+  assert not np.any(np.asarray(z)[:, :100] == MASK_ID)
+  # α = 1 − (k-th smallest uniform), close to 1 − k/n.
+  np.testing.assert_allclose(1 - np.asarray(alpha), expected / 8092, atol=0.03)
