@@ -15,7 +15,7 @@ from md4jax import diffusion
 from md4jax import sampling
 from md4jax import schedules
 
-DATASETS = ("markov", "text8", "localtext", "lm1b", "owt")
+DATASETS = ("markov", "text8", "localtext", "conditional", "lm1b", "owt")
 TOKENIZERS = ("char", "byte", "bpe")
 PACKINGS = ("concat", "documents")
 MODEL_TYPES = ("mdm", "ar")
@@ -36,17 +36,19 @@ def base_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
 
   config.data = ml_collections.ConfigDict()
-  config.data.dataset = "markov"  # "markov" (generated, exact entropy), "text8", "localtext", "lm1b" or "owt".
+  config.data.dataset = "markov"  # "markov" (generated, exact entropy), "text8", "localtext", "conditional" (JSONL pairs), "lm1b" or "owt".
   config.data.vocab_size = 32  # Clean token ids [0, vocab_size); the mask id is vocab_size. Text: the tokenizer's size.
   config.data.seq_len = 64  # Tokens per training and evaluation sequence.
   config.data.language_seed = 0  # markov: seeds the transition matrix and the evaluation sequences.
   config.data.concentration = 0.3  # markov: Dirichlet concentration of transition rows (small = predictable).
   config.data.path = ""  # Text datasets: a local file or folder (text8: text8/text8.zip, split 90/5/5).
-  config.data.tokenizer = "char"  # localtext: "char" (data's alphabet + EOS), "byte" (256 + EOS) or "bpe".
+  config.data.tokenizer = "char"  # localtext, conditional: "char" (data's alphabet + EOS), "byte" (256 + EOS) or "bpe".
   config.data.bpe_vocab_size = 4096  # "bpe": ids of the BPE trained on the training split (EOS included).
   config.data.tokenizer_path = ""  # A local tokenizer.json instead (lm1b/owt: BERT/GPT-2's); "" trains or fetches one.
-  config.data.packing = "concat"  # Text rows: "concat" (random windows of the token stream) or "documents".
+  config.data.packing = "concat"  # Text rows: "concat" (random windows of the token stream) or "documents"; conditional: one example per row.
   config.data.text_field = "text"  # JSONL files: the field holding each document's text.
+  config.data.prompt_field = "prompt"  # conditional: the JSONL field of the prompt (read, never masked nor scored).
+  config.data.response_field = "response"  # conditional: the JSONL field of the response (the model's target).
   config.data.worker_count = 0  # grain worker processes for text batches; 0 reads in the training process.
 
   config.model = ml_collections.ConfigDict()
@@ -157,6 +159,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
            f"data.worker_count must be an integer >= 0, got {data.worker_count!r}.")
     _check(data.bpe_vocab_size >= 258 or data.tokenizer != "bpe",
            f"data.bpe_vocab_size must be >= 258 (256 bytes, EOS and a merge), got {data.bpe_vocab_size}.")
+  if data.dataset == "conditional":
+    for name in ("prompt_field", "response_field"):
+      _check(isinstance(data[name], str) and bool(data[name]),
+             f"data.{name} must name a JSONL field, got {data[name]!r}.")
+    _check(data.prompt_field != data.response_field,
+           f"data.prompt_field and data.response_field are both {data.prompt_field!r}.")
 
   model = config.model
   _check_choice(model.type, "model.type", MODEL_TYPES)

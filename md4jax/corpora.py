@@ -9,6 +9,9 @@ Sources:
   local_corpus(path)    a .txt file (one document per non-empty line), a .jsonl
                         file (one document per line, in a text field), or a
                         folder of such files; the last 5% of documents validate.
+  conditional(path)     prompt/response pairs, one JSON record per line of
+                        .jsonl files, split like local_corpus; documents are
+                        `Example(prompt, response, where)`, where = "file:line".
   lm1b(path), openwebtext(path)
                         the MDLM corpora from a local folder (same reader), or
                         through tensorflow-datasets / Hugging Face datasets.
@@ -20,7 +23,7 @@ import json
 import pathlib
 import urllib.request
 import zipfile
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
 
 TEXT8_URL = "http://mattmahoney.net/dc/text8.zip"
 TEXT8_ALPHABET = "abcdefghijklmnopqrstuvwxyz "
@@ -32,7 +35,7 @@ _ASCII_SPACE = " \t\n\r\x0b\x0c"
 VALIDATION_DIRS = ("validation", "valid", "test")
 # OpenWebText has no held-out split; MDLM holds out its last 100k documents.
 OWT_NUM_VALIDATION = 100_000
-DATASETS = ("text8", "localtext", "lm1b", "owt")
+DATASETS = ("text8", "localtext", "conditional", "lm1b", "owt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +133,30 @@ def list_files(path) -> list:
   return files
 
 
-def _read_documents(path: pathlib.Path, text_field: str) -> Iterator[str]:
-  """Documents of one file: non-blank lines, or a text field of each JSON line."""
+class Example(NamedTuple):
+  """A conditional example: the response is generated given the prompt."""
+  prompt: str
+  response: str
+  where: str  # "file:line", for error messages.
+
+
+def _string_field(record, name: str, where: str, key: str) -> str:
+  if not isinstance(record, dict) or not isinstance(record.get(name), str):
+    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+    raise ValueError(f"{where}: no string field {name!r} (has {keys}); set config.data.{key}.")
+  return record[name]
+
+
+def _read_documents(path: pathlib.Path, text_field: str,
+                    pair_fields: Optional[tuple] = None) -> Iterator:
+  """Documents of one file: non-blank lines, or a text field of each JSON line.
+
+  With pair_fields = (prompt field, response field): an Example of each JSON line.
+  """
   is_jsonl = path.suffix in JSONL_SUFFIXES
+  if pair_fields and not is_jsonl:
+    raise ValueError(f"{path}: conditional data is JSONL ({'/'.join(JSONL_SUFFIXES)} files with "
+                     f"{pair_fields[0]!r} and {pair_fields[1]!r} fields per line), not {path.suffix!r}.")
   # newline="\n" splits lines exactly as _count_documents does on bytes.
   with open(path, encoding="utf-8", newline="\n") as f:
     for line_no, line in enumerate(f, 1):
@@ -141,15 +165,17 @@ def _read_documents(path: pathlib.Path, text_field: str) -> Iterator[str]:
       if not is_jsonl:
         yield line.rstrip("\r\n")
         continue
+      where = f"{path}:{line_no}"
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: not valid JSON ({e}).") from None
-      if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{path}:{line_no}: no string field {text_field!r} (has {keys}); "
-                         "set config.data.text_field.")
-      yield record[text_field]
+        raise ValueError(f"{where}: not valid JSON ({e}).") from None
+      if pair_fields:
+        prompt, response = (_string_field(record, name, where, key) for name, key in
+                            zip(pair_fields, ("prompt_field", "response_field")))
+        yield Example(prompt, response, where)
+      else:
+        yield _string_field(record, text_field, where, "text_field")
 
 
 def _count_documents(path: pathlib.Path) -> int:
@@ -158,12 +184,16 @@ def _count_documents(path: pathlib.Path) -> int:
 
 
 class Documents:
-  """Documents [start, stop) of a list of files, read lazily on each iteration."""
+  """Documents [start, stop) of a list of files, read lazily on each iteration.
+
+  With pair_fields = (prompt field, response field) the documents are Examples.
+  """
 
   def __init__(self, files: Sequence, text_field: str = "text", start: int = 0,
-               stop: Optional[int] = None, counts: Optional[Sequence[int]] = None):
+               stop: Optional[int] = None, counts: Optional[Sequence[int]] = None,
+               pair_fields: Optional[tuple] = None):
     self.files = [pathlib.Path(f) for f in files]
-    self.text_field = text_field
+    self.text_field, self.pair_fields = text_field, pair_fields
     self.counts = list(counts) if counts is not None else [_count_documents(f) for f in self.files]
     total = sum(self.counts)
     self.start, self.stop = start, total if stop is None else stop
@@ -176,27 +206,50 @@ class Documents:
   def split(self, at: int) -> tuple:
     """(documents [0, at), documents [at, len)) of this range."""
     mid = self.start + at
-    return (Documents(self.files, self.text_field, self.start, mid, self.counts),
-            Documents(self.files, self.text_field, mid, self.stop, self.counts))
+    return (Documents(self.files, self.text_field, self.start, mid, self.counts, self.pair_fields),
+            Documents(self.files, self.text_field, mid, self.stop, self.counts, self.pair_fields))
 
-  def __iter__(self) -> Iterator[str]:
+  def __iter__(self) -> Iterator:
     first = 0  # Index of the file's first document.
     for path, count in zip(self.files, self.counts):
       if first + count > self.start and first < self.stop:
-        for i, doc in enumerate(_read_documents(path, self.text_field), first):
+        for i, doc in enumerate(_read_documents(path, self.text_field, self.pair_fields), first):
           if i >= self.stop:
             break
           if i >= self.start:
             yield doc
       first += count
 
+  def texts(self) -> Iterable[str]:
+    """The text of every document, re-iterable; an Example gives its prompt, then its response."""
+    return _Texts(self)
+
   def key(self) -> str:
-    return f"{_file_key(self.files)}:{self.text_field}:{self.start}:{self.stop}"
+    fields = self.pair_fields or self.text_field
+    return f"{_file_key(self.files)}:{fields}:{self.start}:{self.stop}"
+
+
+class _Texts:
+  """Documents' texts (prompts and responses of Examples), e.g. to train a tokenizer on."""
+
+  def __init__(self, documents: Documents):
+    self.documents = documents
+
+  def __iter__(self) -> Iterator[str]:
+    for doc in self.documents:
+      if isinstance(doc, Example):
+        yield doc.prompt
+        yield doc.response
+      else:
+        yield doc
 
 
 def local_corpus(path, *, text_field: str = "text", validation_fraction: float = 0.05,
-                 max_validation: Optional[int] = None, name: str = "localtext") -> Corpus:
+                 max_validation: Optional[int] = None, name: str = "localtext",
+                 pair_fields: Optional[tuple] = None) -> Corpus:
   """Documents from a file or folder; see the module docstring for the formats.
+
+  With pair_fields = (prompt field, response field), JSONL Examples (see `conditional`).
 
   A folder with a `train/` and a `validation/` (or `valid/`, `test/`) subfolder
   or file uses those splits. Otherwise the last `validation_fraction` of the
@@ -209,10 +262,10 @@ def local_corpus(path, *, text_field: str = "text", validation_fraction: float =
     held_out = [path / d for d in VALIDATION_DIRS if (path / d).exists()]
     if not held_out:
       raise ValueError(f"{path} has a train/ split but none of {VALIDATION_DIRS}.")
-    train = Documents(list_files(path / "train"), text_field)
-    validation = Documents(list_files(held_out[0]), text_field)
+    train = Documents(list_files(path / "train"), text_field, pair_fields=pair_fields)
+    validation = Documents(list_files(held_out[0]), text_field, pair_fields=pair_fields)
   else:
-    docs = Documents(list_files(path), text_field)
+    docs = Documents(list_files(path), text_field, pair_fields=pair_fields)
     n = len(docs)
     if n < 2:
       raise ValueError(f"{path} holds {n} document(s); a train and a validation split need at "
@@ -226,6 +279,15 @@ def local_corpus(path, *, text_field: str = "text", validation_fraction: float =
     if not len(split):
       raise ValueError(f"The {split_name} split of {path} holds no documents.")
   return Corpus(name, train, validation, key=f"{name}:{train.key()}|{validation.key()}")
+
+
+def conditional(path, *, prompt_field: str = "prompt", response_field: str = "response") -> Corpus:
+  """Prompt/response pairs from a .jsonl file or folder, split like local_corpus.
+
+  Each non-blank line is a JSON record with string fields prompt_field and
+  response_field; the documents are Examples.
+  """
+  return local_corpus(path, name="conditional", pair_fields=(prompt_field, response_field))
 
 
 # ---------------------------------------------------------------- LM1B, OpenWebText
@@ -295,7 +357,8 @@ def openwebtext(path=None, *, text_field: str = "text",
                 _HfDocuments(ds, n - num_validation, n, text_field), key=f"owt:hf:{n}")
 
 
-def load_corpus(dataset: str, path: str = "", *, text_field: str = "text") -> Corpus:
+def load_corpus(dataset: str, path: str = "", *, text_field: str = "text",
+                prompt_field: str = "prompt", response_field: str = "response") -> Corpus:
   """The corpus named by config.data.dataset, read from config.data.path."""
   if dataset == "text8":
     if not path:
@@ -306,6 +369,10 @@ def load_corpus(dataset: str, path: str = "", *, text_field: str = "text") -> Co
     if not path:
       raise ValueError("dataset 'localtext' needs config.data.path (a .txt/.jsonl file or folder).")
     return local_corpus(path, text_field=text_field)
+  if dataset == "conditional":
+    if not path:
+      raise ValueError("dataset 'conditional' needs config.data.path (a .jsonl file or folder).")
+    return conditional(path, prompt_field=prompt_field, response_field=response_field)
   if dataset == "lm1b":
     return lm1b(path or None, text_field=text_field)
   if dataset == "owt":

@@ -1,8 +1,10 @@
 """The trainer's data sources: the generated Markov language, or a text corpus.
 
-Both yield batches as dicts of int32 [B, L] arrays: `tokens`, `segment_ids`
-(0 = padding, never masked nor scored; packed documents have distinct ids and
-attend only within themselves) and `positions` (restart per document). Each
+Both yield batches as dicts of [B, L] arrays: int32 `tokens`, `segment_ids`
+(0 = padding; packed documents have distinct ids and attend only within
+themselves) and `positions` (restart per document), and bool `editable`, the
+positions that are masked and scored (never padding, nor a conditional
+example's prompt). Each
 source has a training iterator whose checkpointable state is the next batch
 index, so a resumed run sees exactly the batches it would have seen, and
 finite evaluation batches.
@@ -20,14 +22,15 @@ from md4jax import pipeline
 
 
 def dense_batch(tokens: np.ndarray) -> dict:
-  """A batch of unpadded, unpacked rows: one segment each, positions 0..L−1."""
+  """A batch of unpadded, unpacked rows: one segment each, positions 0..L−1, all editable."""
   tokens = np.asarray(tokens, np.int32)
   return {"tokens": tokens, "segment_ids": np.ones_like(tokens),
-          "positions": np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape).copy()}
+          "positions": np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape).copy(),
+          "editable": np.ones(tokens.shape, bool)}
 
 
 def _padded_batches(rows: np.ndarray, batch_size: int) -> list:
-  """Rows in batches of batch_size; the last one filled with padding rows (segment 0)."""
+  """Rows in batches of batch_size; the last one filled with padding rows (segment 0, not editable)."""
   batches = []
   for start in range(0, len(rows), batch_size):
     batch = dense_batch(rows[start:start + batch_size])
@@ -117,7 +120,7 @@ class MarkovSource:
 
 
 class TextSource:
-  """A tokenized corpus (text8, a local corpus, LM1B, OpenWebText) through md4jax.pipeline."""
+  """A tokenized corpus (text8, local text or conditional pairs, LM1B, OWT) through md4jax.pipeline."""
 
   true_bits_per_token = None  # Real text: the entropy is unknown.
 

@@ -27,19 +27,23 @@ from md4jax import schedules
 
 def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
                   estimator: str, t_sampling: str) -> jax.Array:
-  """Per-row loss in nats [B] over the valid tokens (segment_ids > 0): a NELBO draw (mdm) or the exact NLL (ar)."""
+  """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
+
+  batch["editable"] excludes padding and a conditional example's prompt, which
+  the model reads (same segment) but never predicts.
+  """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
-  valid = segments > 0
+  editable = batch["editable"].astype(bool)
   vocab_size = config.data.vocab_size
   if config.model.type == "ar":
     # Each document starts from BOS: a packed document never reads its predecessor's end.
     inputs = jnp.where(positions == 0, vocab_size, generate.ar_inputs(tokens, vocab_size))
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
-    return jnp.where(valid, nll, 0.0).sum(-1)
+    return jnp.where(editable, nll, 0.0).sum(-1)
   denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
   return diffusion.nelbo(key, denoise_fn, tokens, schedules.get_schedule(config.diffusion.schedule),
-                         mask_id=vocab_size, editable=valid, estimator=estimator,
+                         mask_id=vocab_size, editable=editable, estimator=estimator,
                          t_sampling=t_sampling)
 
 
@@ -56,7 +60,7 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
       return total + nats, None
     rows = batch["tokens"].shape[0]
     total, _ = jax.lax.scan(add_draw, jnp.zeros(rows), jax.random.split(key, num_draws))
-    return {"nats": total / num_draws, "num_tokens": (batch["segment_ids"] > 0).sum(-1),
+    return {"nats": total / num_draws, "num_tokens": batch["editable"].astype(jnp.int32).sum(-1),
             "tokens": batch["tokens"]}
 
   replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))

@@ -1,10 +1,12 @@
 """Token pipeline: documents -> token ids -> fixed-length rows -> batches (grain).
 
-Every batch is a dict of int32 NumPy arrays of shape [B, L]:
-  tokens       token ids; 0 at padding.
-  segment_ids  1, 2, ... for the document pieces of a row; 0 at padding.
-  positions    position within the segment; restarts at 0 per segment.
-Padding is never editable or scored: the trainer uses `segment_ids > 0`.
+Every batch is a dict of NumPy arrays of shape [B, L]:
+  tokens       int32 token ids; 0 at padding.
+  segment_ids  int32 1, 2, ... for the document pieces of a row; 0 at padding.
+  positions    int32 position within the segment; restarts at 0 per segment.
+  editable     bool: the positions the model predicts (masked and scored). For
+               text, segment_ids > 0; for conditional examples, the response
+               (and its EOS) only. Padding and prompts are never editable.
 
 Packing:
   "concat"     the documents, each ended by EOS, as one stream cut into windows
@@ -14,6 +16,9 @@ Packing:
                than L is cut into L-token pieces. Each piece is its own segment,
                so with `model.Transformer(..., segment_ids, positions)` no token
                attends across documents.
+Conditional examples (tokenize_examples) are one row each, [prompt][response]
+[EOS] then padding, used with "documents" packing; prompt and response are one
+segment, so the denoiser reads the prompt.
 
 Training example i of the global stream is a pure function of (seed, i): an
 epoch-wise grain shuffle, then per-example offsets drawn from (seed, epoch,
@@ -27,6 +32,7 @@ import json
 import os
 import pathlib
 import tempfile
+import warnings
 from typing import Iterable, Iterator, Optional
 
 import grain
@@ -48,16 +54,22 @@ class TokenizedDocs:
 
   Document i is tokens[offsets[i]:offsets[i + 1]]. A cached instance memory-maps
   its file and pickles as its path, so grain workers do not copy the tokens.
+  Conditional examples also have prompt_lengths [num_docs] (the first tokens of
+  each, never editable) and num_truncated (responses cut to fit a row).
   """
 
-  def __init__(self, tokens: np.ndarray, offsets: np.ndarray, path: Optional[str] = None):
+  def __init__(self, tokens: np.ndarray, offsets: np.ndarray, path: Optional[str] = None,
+               prompt_lengths: Optional[np.ndarray] = None, num_truncated: int = 0):
     self.tokens, self.offsets, self.path = tokens, np.asarray(offsets, np.int64), path
+    self.prompt_lengths, self.num_truncated = prompt_lengths, num_truncated
 
   @classmethod
   def open(cls, path: str) -> "TokenizedDocs":
     meta = json.loads(pathlib.Path(path + ".json").read_text())
     tokens = np.memmap(path + ".tokens", dtype=meta["dtype"], mode="r", shape=(meta["num_tokens"],))
-    return cls(tokens, np.load(path + ".offsets.npy"), path)
+    prompts = pathlib.Path(path + ".prompts.npy")
+    return cls(tokens, np.load(path + ".offsets.npy"), path,
+               np.load(prompts) if prompts.is_file() else None, meta.get("num_truncated", 0))
 
   @property
   def num_docs(self) -> int:
@@ -124,12 +136,58 @@ def tokenize(documents: Iterable[str], tok, *, cache: Optional[str] = None) -> T
   and <cache>.json, written last so that a half-written cache is never read.
   Tokens are streamed to disk, so the corpus need not fit in memory.
   """
+  return _store(_encode_all(documents, tok), tok, cache)
+
+
+def tokenize_examples(examples: Iterable[corpora.Example], tok, *, seq_len: int,
+                      cache: Optional[str] = None) -> TokenizedDocs:
+  """Conditional examples as documents [prompt][response][EOS], cut to seq_len tokens.
+
+  The result's prompt_lengths say where each response starts. A prompt that
+  leaves no room for a response token (a sequence longer than the model's)
+  raises, naming its file:line; longer responses are cut, counted in
+  num_truncated and reported in one warning. Cached like `tokenize`.
+  """
+  eos = np.asarray([] if tok.eos_id is None else [tok.eos_id], np.int64)
+  prompt_lengths, truncated = [], []
+
+  def encode():
+    for example in examples:
+      prompt = np.asarray(tok.encode(example.prompt), np.int64)
+      response = np.concatenate([np.asarray(tok.encode(example.response), np.int64), eos])
+      if len(prompt) >= seq_len:
+        raise ValueError(
+            f"{example.where}: the prompt is {len(prompt)} tokens, but a row holds "
+            f"data.seq_len={seq_len} (the model's sequence length) and needs room for at least "
+            "one response token; shorten the prompt or raise data.seq_len.")
+      if not len(response):
+        raise ValueError(f"{example.where}: the response is empty and the tokenizer has no EOS, "
+                         "so the example has nothing to predict.")
+      room = seq_len - len(prompt)
+      prompt_lengths.append(len(prompt))
+      truncated.append(len(response) > room)
+      yield np.concatenate([prompt, response[:room]])
+
+  extras = lambda: (np.asarray(prompt_lengths, np.int64), int(sum(truncated)))
+  result = _store(encode(), tok, cache, extras)
+  if truncated and result.num_truncated:  # Only when encoded now, not read from the cache.
+    warnings.warn(f"{result.num_truncated} of {len(truncated)} conditional responses were cut to "
+                  f"fit data.seq_len={seq_len}.")
+  return result
+
+
+def _store(encoded: Iterable[np.ndarray], tok, cache: Optional[str], extras=None) -> TokenizedDocs:
+  """TokenizedDocs of the encoded documents, cached at `cache` (see `tokenize`).
+
+  extras(), called once `encoded` is consumed, gives conditional examples'
+  (prompt_lengths, num_truncated), stored as <cache>.prompts.npy and in <cache>.json.
+  """
   dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
   if cache is None:
-    docs = list(_encode_all(documents, tok))
+    docs = list(encoded)
     offsets = np.cumsum([0] + [len(d) for d in docs])
     tokens = np.concatenate(docs).astype(dtype) if docs else np.zeros(0, dtype)
-    result = TokenizedDocs(tokens, offsets)
+    result = TokenizedDocs(tokens, offsets, None, *(extras() if extras else (None, 0)))
   elif os.path.exists(cache + ".json"):
     return TokenizedDocs.open(cache)
   else:
@@ -137,15 +195,22 @@ def tokenize(documents: Iterable[str], tok, *, cache: Optional[str] = None) -> T
     directory.mkdir(parents=True, exist_ok=True)
     lengths = []
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-      for ids in _encode_all(documents, tok):
-        f.write(ids.astype(dtype).tobytes())
-        lengths.append(len(ids))
+    try:
+      with os.fdopen(fd, "wb") as f:
+        for ids in encoded:
+          f.write(ids.astype(dtype).tobytes())
+          lengths.append(len(ids))
+    except BaseException:
+      os.remove(tmp)  # A bad document (e.g. a prompt too long) leaves no stray file.
+      raise
     offsets = np.cumsum([0] + lengths).astype(np.int64)
     # Unique temporary names, then renames: processes sharing a workdir may race harmlessly.
     os.replace(tmp, cache + ".tokens")
     _write_file(cache + ".offsets.npy", lambda f: np.save(f, offsets))
     meta = {"dtype": np.dtype(dtype).name, "num_tokens": int(offsets[-1]), "num_docs": len(lengths)}
+    if extras:
+      prompt_lengths, meta["num_truncated"] = extras()
+      _write_file(cache + ".prompts.npy", lambda f: np.save(f, prompt_lengths))
     _write_file(cache + ".json", lambda f: f.write(json.dumps(meta).encode()))
     result = TokenizedDocs.open(cache)
   if result.num_tokens == 0:
@@ -188,14 +253,36 @@ def pack_documents(offsets: np.ndarray, seq_len: int) -> tuple:
           np.asarray(lengths, np.int64))
 
 
-def _row(tokens: np.ndarray, seq_len: int, starts, lengths) -> dict:
-  """One row from (start, length) pieces of `tokens`, each its own segment, then padding."""
+def document_rows(docs: TokenizedDocs, seq_len: int) -> tuple:
+  """(row_splits, piece_starts, piece_lengths, piece_prompt_lengths) of "documents" packing.
+
+  Plain documents are packed by pack_documents (no prompts); conditional
+  examples (docs.prompt_lengths set) are one row each.
+  """
+  if docs.prompt_lengths is None:
+    splits, starts, lengths = pack_documents(docs.offsets, seq_len)
+    return splits, starts, lengths, np.zeros_like(lengths)
+  lengths = np.diff(docs.offsets)
+  if docs.num_docs and lengths.max() > seq_len:
+    raise ValueError(f"A conditional example has {lengths.max()} tokens, more than seq_len="
+                     f"{seq_len}; tokenize_examples with this seq_len.")
+  return np.arange(docs.num_docs + 1), docs.offsets[:-1], lengths, docs.prompt_lengths
+
+
+def _row(tokens: np.ndarray, seq_len: int, starts, lengths, prompt_lengths=None) -> dict:
+  """One row from (start, length) pieces of `tokens`, each its own segment, then padding.
+
+  A piece's first prompt_lengths[i] tokens (none by default) are not editable.
+  """
   row = {k: np.zeros(seq_len, np.int32) for k in ("tokens", "segment_ids", "positions")}
+  row["editable"] = np.zeros(seq_len, bool)
+  prompt_lengths = np.zeros(len(starts), np.int64) if prompt_lengths is None else prompt_lengths
   at = 0
-  for segment, (start, length) in enumerate(zip(starts, lengths), 1):
+  for segment, (start, length, prompt) in enumerate(zip(starts, lengths, prompt_lengths), 1):
     row["tokens"][at:at + length] = tokens[start:start + length]
     row["segment_ids"][at:at + length] = segment
     row["positions"][at:at + length] = np.arange(length)
+    row["editable"][at + prompt:at + length] = True
     at += length
   return row
 
@@ -205,12 +292,13 @@ class _PackedRows:
 
   def __init__(self, docs: TokenizedDocs, seq_len: int):
     self.docs, self.seq_len = docs, seq_len
-    self.row_splits, self.starts, self.lengths = pack_documents(docs.offsets, seq_len)
+    self.row_splits, self.starts, self.lengths, self.prompts = document_rows(docs, seq_len)
     self.num_rows = len(self.row_splits) - 1
 
   def __call__(self, row: int) -> dict:
     a, b = self.row_splits[row], self.row_splits[row + 1]
-    return _row(self.docs.tokens, self.seq_len, self.starts[a:b], self.lengths[a:b])
+    return _row(self.docs.tokens, self.seq_len, self.starts[a:b], self.lengths[a:b],
+                self.prompts[a:b])
 
 
 class _RandomWindows:
@@ -242,9 +330,12 @@ def _shard(shard_index: Optional[int], shard_count: Optional[int]) -> tuple:
   return index, count
 
 
-def _check(seq_len: int, batch_size: int, packing: str):
+def _check(docs: TokenizedDocs, seq_len: int, batch_size: int, packing: str):
   if packing not in PACKINGS:
     raise ValueError(f"Unknown packing {packing!r}; valid: {', '.join(PACKINGS)}.")
+  if docs.prompt_lengths is not None and packing != "documents":
+    raise ValueError(f"Conditional examples are one row each (packing='documents'); "
+                     f"packing={packing!r} would cut windows across them.")
   if seq_len < 1 or batch_size < 1:
     raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
 
@@ -253,7 +344,7 @@ def train_dataset(docs: TokenizedDocs, *, seq_len: int, batch_size: int, seed: i
                   packing: str = "concat", shard_index: Optional[int] = None,
                   shard_count: Optional[int] = None) -> grain.MapDataset:
   """Infinite grain.MapDataset of this process's batches (batch_size rows each)."""
-  _check(seq_len, batch_size, packing)
+  _check(docs, seq_len, batch_size, packing)
   if not 0 <= seed < 2**32:
     raise ValueError(f"The data seed must be in [0, 2**32), got {seed}.")
   index, count = _shard(shard_index, shard_count)
@@ -324,7 +415,7 @@ class EvalBatches:
   def __init__(self, docs: TokenizedDocs, *, seq_len: int, batch_size: int,
                packing: str = "concat", shard_index: Optional[int] = None,
                shard_count: Optional[int] = None):
-    _check(seq_len, batch_size, packing)
+    _check(docs, seq_len, batch_size, packing)
     index, count = _shard(shard_index, shard_count)
     self.docs, self.seq_len, self.batch_size = docs, seq_len, batch_size
     if packing == "concat":
@@ -332,8 +423,9 @@ class EvalBatches:
       starts = np.arange(0, n, seq_len)
       self._pieces = [([s], [min(seq_len, n - s)]) for s in starts.tolist()]
     else:
-      splits, starts, lengths = pack_documents(docs.offsets, seq_len)
-      self._pieces = [(starts[a:b], lengths[a:b]) for a, b in zip(splits[:-1], splits[1:])]
+      splits, starts, lengths, prompts = document_rows(docs, seq_len)
+      self._pieces = [(starts[a:b], lengths[a:b], prompts[a:b])
+                      for a, b in zip(splits[:-1], splits[1:])]
     self.num_rows = len(self._pieces)
     self._mine = list(range(index, self.num_rows, count))
     rows_per_shard = -(-self.num_rows // count)
@@ -385,6 +477,8 @@ PRETRAINED = {"lm1b": "bert-base-uncased", "owt": "gpt2"}
 
 
 def _make_tokenizer(data, corpus: corpora.Corpus, workdir):
+  # Conditional data trains its tokenizer on the training prompts and responses.
+  train_text = corpus.train.texts() if data.dataset == "conditional" else corpus.train
   if data.dataset == "text8":
     return tokenizer_lib.make_tokenizer("text8", workdir=workdir)
   kind, path = data.tokenizer, data.tokenizer_path
@@ -394,7 +488,7 @@ def _make_tokenizer(data, corpus: corpora.Corpus, workdir):
     if workdir:
       tok.save(workdir)
     return tok
-  return tokenizer_lib.make_tokenizer(kind, train_text_iter=corpus.train, path=path or None,
+  return tokenizer_lib.make_tokenizer(kind, train_text_iter=train_text, path=path or None,
                                       vocab_size=data.bpe_vocab_size, workdir=workdir)
 
 
@@ -402,23 +496,29 @@ def load_data(config, workdir: Optional[str] = None) -> Data:
   """Reads, tokenizes (cached under workdir/data_cache) and describes config.data's corpus.
 
   Reads config.data.{dataset, path, seq_len, tokenizer, tokenizer_path,
-  bpe_vocab_size, packing, text_field}. The tokenizer is saved in workdir and
-  reused on resume; lm1b/owt use bert-base-uncased/gpt2 unless tokenizer_path
-  names a local tokenizer.json.
+  bpe_vocab_size, packing, text_field, prompt_field, response_field}. The
+  tokenizer is saved in workdir and reused on resume; lm1b/owt use
+  bert-base-uncased/gpt2 unless tokenizer_path names a local tokenizer.json.
+  Conditional data is one example per row whatever data.packing says.
   """
   data = config.data
-  corpus = corpora.load_corpus(data.dataset, data.path, text_field=data.text_field)
+  corpus = corpora.load_corpus(data.dataset, data.path, text_field=data.text_field,
+                               prompt_field=data.prompt_field, response_field=data.response_field)
   tok = _make_tokenizer(data, corpus, workdir)
+  conditional = data.dataset == "conditional"
 
   def encode(split: str, documents):
     if documents is None:
       return None
     cache = None
     if workdir:
-      key = fingerprint(tok, f"{corpus.key}:{split}")
+      # Conditional examples are cut to seq_len when tokenized, so it names the cache too.
+      key = fingerprint(tok, f"{corpus.key}:{split}" + (f":{data.seq_len}" if conditional else ""))
       cache = str(pathlib.Path(workdir) / "data_cache" / f"{corpus.name}-{split}-{key}")
+    if conditional:
+      return tokenize_examples(documents, tok, seq_len=data.seq_len, cache=cache)
     return tokenize(documents, tok, cache=cache)
 
   return Data(tok, encode("train", corpus.train), encode("validation", corpus.validation),
               encode("test", corpus.test), seq_len=data.seq_len,
-              packing=data.packing)
+              packing="documents" if conditional else data.packing)

@@ -111,7 +111,7 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
     nats = evaluate.sequence_nats(params, batch, key, model=model, config=config,
                                   estimator=config.training.estimator, t_sampling="stratified")
     # Per valid token, never per masked token (MATH.md, "Objective").
-    return nats.sum() / jnp.maximum((batch["segment_ids"] > 0).sum(), 1)
+    return nats.sum() / jnp.maximum(batch["editable"].astype(jnp.int32).sum(), 1)
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

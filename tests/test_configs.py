@@ -27,13 +27,15 @@ def test_config_validates_and_documents_its_command(name):
   assert set(config.keys()) == set(config_lib.base_config().keys())  # No dead or missing keys.
 
 
-def test_localtext_config_validates_once_given_a_path():
-  config = load("localtext")
+@pytest.mark.parametrize("name", ["localtext", "conditional"])
+def test_text_config_validates_once_given_a_path(name):
+  config = load(name)
   with pytest.raises(ValueError, match="data.path"):
     config_lib.validate_config(config, num_devices=1)
-  config.data.path = "corpus.txt"
+  config.data.path = "corpus.jsonl"
   config_lib.validate_config(config, num_devices=1)
-  assert "--config=configs/localtext.py" in (CONFIG_DIR / "localtext.py").read_text()
+  assert f"--config=configs/{name}.py" in (CONFIG_DIR / f"{name}.py").read_text()
+  assert config.keys() == config_lib.base_config().keys()
   assert config.data.keys() == config_lib.base_config().data.keys()
 
 
@@ -97,6 +99,10 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(data__dataset="localtext"), r"data.path must name a local file or folder"),
     (dict(data__dataset="localtext", data__path="x", data__packing="ragged"),
      r"data.packing='ragged' is unknown"),
+    (dict(data__dataset="conditional", data__path="x", data__response_field="prompt"),
+     r"data.prompt_field and data.response_field are both 'prompt'"),
+    (dict(data__dataset="conditional", data__path="x", data__prompt_field=""),
+     r"data.prompt_field must name a JSONL field"),
     (dict(sample__top_p=0.0), r"sample.top_p must be in \(0, 1\]"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
 ])

@@ -1,4 +1,4 @@
-"""Tests for md4jax.corpora: text8 splits and validation, local files, LM1B/OWT stand-ins."""
+"""Tests for md4jax.corpora: text8 splits and validation, local files, conditional pairs, LM1B/OWT stand-ins."""
 import importlib.util
 import json
 import pathlib
@@ -127,6 +127,37 @@ def test_jsonl_errors(tmp_path, content, match):
   (tmp_path / "x.jsonl").write_text(content)
   with pytest.raises(ValueError, match=match):
     list(corpora.local_corpus(tmp_path / "x.jsonl").train)
+
+
+def test_conditional_pairs_split_like_local_corpora(tmp_path):
+  lines = [json.dumps({"q": f"prompt {i}", "a": f"response {i}", "id": i}) for i in range(40)]
+  (tmp_path / "pairs.jsonl").write_text("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]))
+  corpus = corpora.load_corpus("conditional", str(tmp_path / "pairs.jsonl"), prompt_field="q",
+                               response_field="a")
+  train, validation = list(corpus.train), list(corpus.validation)
+  assert len(train) == 38 and len(validation) == 2
+  assert train[0] == corpora.Example("prompt 0", "response 0", f"{tmp_path / 'pairs.jsonl'}:1")
+  assert validation[-1].where.endswith("pairs.jsonl:41")  # Line numbers count blank lines.
+  assert list(corpus.train.texts())[:4] == ["prompt 0", "response 0", "prompt 1", "response 1"]
+  other = corpora.load_corpus("conditional", str(tmp_path / "pairs.jsonl"), prompt_field="a",
+                              response_field="q")
+  assert other.key != corpus.key  # Caches tell the field choices apart.
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("x.jsonl", '{"prompt": "p", "answer": "r"}\n{"prompt": "p", "response": "r"}\n',
+     r"x.jsonl:1: no string field 'response' \(has \['answer', 'prompt'\]\); "
+     r"set config.data.response_field"),
+    ("x.jsonl", '{"prompt": 3, "response": "r"}\n{"prompt": "p", "response": "r"}\n',
+     r"x.jsonl:1: no string field 'prompt'"),
+    ("x.txt", "one\ntwo\n", r"x.txt: conditional data is JSONL"),
+])
+def test_conditional_errors(tmp_path, name, content, match):
+  (tmp_path / name).write_text(content)
+  with pytest.raises(ValueError, match=match):
+    list(corpora.conditional(tmp_path / name).train)
+  with pytest.raises(ValueError, match="needs config.data.path"):
+    corpora.load_corpus("conditional", "")
 
 
 def test_local_path_errors(tmp_path):

@@ -1,20 +1,24 @@
-"""Tests for md4jax.pipeline: packing, determinism, sharding, resume, evaluation, load_data."""
+"""Tests for md4jax.pipeline: packing, determinism, sharding, resume, evaluation, load_data, conditional data."""
 import itertools
 import json
 import pathlib
 import pickle
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 from absl import flags
 
+from md4jax import corpora
+from md4jax import diffusion
 from md4jax import pipeline
 from md4jax.pipeline import EvalBatches, TokenizedDocs, TrainIterator
 from md4jax.tokenizer import BpeTokenizer
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-KEYS = ("positions", "segment_ids", "tokens")
+KEYS = ("editable", "positions", "segment_ids", "tokens")
 
 
 def _stream(n):
@@ -53,7 +57,9 @@ def _assert_batches_equal(a, b):
 def test_batches_shape_and_dtype(packing):
   batch = next(_iterator(_docs(_LENGTHS), packing))
   for k in KEYS:
-    assert batch[k].shape == (4, 16) and batch[k].dtype == np.int32
+    assert batch[k].shape == (4, 16) and batch[k].dtype == (bool if k == "editable" else np.int32)
+  # Plain text: everything but padding is editable.
+  np.testing.assert_array_equal(batch["editable"], batch["segment_ids"] > 0)
 
 
 def test_concat_windows_are_contiguous_at_random_offsets():
@@ -124,7 +130,8 @@ def test_document_packing_keeps_documents_whole():
       zip(*[b[k] for k in KEYS]) for b in EvalBatches(docs, seq_len=16, batch_size=4,
                                                       packing="documents")))
   pieces = []
-  for positions, segments, tokens in rows:
+  for editable, positions, segments, tokens in rows:
+    np.testing.assert_array_equal(editable, segments > 0)
     n = int((segments > 0).sum())
     assert (segments[n:] == 0).all() and (tokens[n:] == 0).all()  # Padding at the end.
     if not n:
@@ -169,6 +176,7 @@ def test_eval_scores_every_token_exactly_once(packing, shard_count):
     for b in batches:
       assert all(b[k].shape == (4, 16) for k in KEYS)
       assert (b["tokens"][b["segment_ids"] == 0] == 0).all()
+      np.testing.assert_array_equal(b["editable"], b["segment_ids"] > 0)
       scored.append(b["tokens"][b["segment_ids"] > 0])
   np.testing.assert_array_equal(np.sort(np.concatenate(scored)), np.sort(docs.tokens))
   assert list(shards[0]) and all((x["tokens"] == y["tokens"]).all()
@@ -192,7 +200,8 @@ def _config(dataset, path, **data):
   config = ml_collections.ConfigDict()
   config.data = ml_collections.ConfigDict(dict(
       dataset=dataset, path=str(path), seq_len=32, tokenizer="bpe", tokenizer_path="",
-      bpe_vocab_size=300, packing="documents", text_field="text", worker_count=0))
+      bpe_vocab_size=300, packing="documents", text_field="text", prompt_field="prompt",
+      response_field="response", worker_count=0))
   config.data.update(data)
   return config
 
@@ -261,3 +270,98 @@ def test_load_data_text8_shared_file(tmp_path):
   assert " the " in " ".join(data.tokenizer.decode(row) for row in batch["tokens"])
   ev = data.eval_batches(batch_size=64, split="test", shard_index=0, shard_count=1)
   assert sum(int((b["segment_ids"] > 0).sum()) for b in ev) == data.test.num_tokens
+
+
+# ---------------------------------------------------------------- conditional data
+
+
+def _write_pairs(path, pairs):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("\n".join(json.dumps({"prompt": p, "response": r}) for p, r in pairs) + "\n")
+
+
+def _random_pairs(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return [("q" + "".join(rng.choice(list("xyz"), rng.integers(0, 6))),
+           "".join(rng.choice(list("abcd"), rng.integers(1, 14)))) for _ in range(n)]
+
+
+def _rows(batches):
+  """(tokens, segment_ids, positions, editable) of every non-padding row."""
+  return [row for b in batches
+          for row in zip(b["tokens"], b["segment_ids"], b["positions"], b["editable"])
+          if row[1].any()]
+
+
+def test_conditional_rows_put_the_prompt_then_the_response(tmp_path):
+  pairs = [("xy", "abc"), ("", "d"), ("zzzz", "abcdabcdabcdabcd")]  # The last is cut.
+  _write_pairs(tmp_path / "data" / "train" / "a.jsonl", _random_pairs(20))
+  _write_pairs(tmp_path / "data" / "validation" / "b.jsonl", pairs)
+  config = _config("conditional", tmp_path / "data", seq_len=12, tokenizer="char")
+  with pytest.warns(UserWarning, match="1 of 3 conditional responses were cut"):
+    data = pipeline.load_data(config, str(tmp_path / "work"))
+  tok = data.tokenizer
+  assert data.validation.num_truncated == 1
+  rows = _rows(data.eval_batches(batch_size=2, shard_index=0, shard_count=1))
+  assert len(rows) == len(pairs)  # One example per row.
+  for (prompt, response), (tokens, segments, positions, editable) in zip(pairs, rows):
+    p = len(tok.encode(prompt))
+    expected = np.concatenate([tok.encode(prompt), tok.encode(response), [tok.eos_id]])[:12]
+    n = len(expected)
+    np.testing.assert_array_equal(tokens[:n], expected)
+    assert (tokens[n:] == 0).all() and (segments[n:] == 0).all()
+    # Prompt and response are one segment: the denoiser reads the prompt.
+    assert (segments[:n] == 1).all()
+    np.testing.assert_array_equal(positions[:n], np.arange(n))
+    # Editable exactly on the response and its EOS: never the prompt nor padding.
+    np.testing.assert_array_equal(editable, (np.arange(12) >= p) & (np.arange(12) < n))
+  # Training rows: shuffled whole examples, same layout; a resumed run reuses the cache.
+  again = pipeline.load_data(config, str(tmp_path / "work"))
+  np.testing.assert_array_equal(again.train.prompt_lengths, data.train.prompt_lengths)
+  batch = next(again.train_iterator(batch_size=4, seed=0, shard_index=0, shard_count=1))
+  for tokens, segments, _, editable in _rows([batch]):
+    first = np.argmax(editable)
+    assert editable[first:].sum() == (segments[first:] > 0).sum() > 0
+    assert not editable[:first].any() and tokens[0] == tok.encode("q")[0]
+
+
+def test_conditional_nelbo_never_masks_the_prompt(tmp_path):
+  _write_pairs(tmp_path / "pairs.jsonl", _random_pairs(40))
+  data = pipeline.load_data(_config("conditional", tmp_path / "pairs.jsonl", seq_len=16,
+                                    tokenizer="char"), str(tmp_path / "work"))
+  batch = next(data.train_iterator(batch_size=8, seed=0, shard_index=0, shard_count=1))
+  x, editable = jnp.asarray(batch["tokens"]), jnp.asarray(batch["editable"])
+  mask_id, seen = data.tokenizer.vocab_size, []
+
+  def spy(z_t, alpha_t):
+    del alpha_t
+    seen.append(np.asarray(z_t))
+    return jnp.zeros(z_t.shape + (mask_id,))
+
+  for estimator in diffusion.ESTIMATORS:
+    for seed in range(5):
+      diffusion.nelbo(jax.random.PRNGKey(seed), spy, x, "linear", mask_id=mask_id,
+                      editable=editable, estimator=estimator)
+  prompt = ~batch["editable"]
+  assert seen and all((z[prompt] == batch["tokens"][prompt]).all() for z in seen)
+  assert any((z[batch["editable"]] == mask_id).any() for z in seen)  # Responses are masked.
+  # Scored tokens are the response tokens only.
+  np.testing.assert_array_equal(diffusion.num_valid_tokens(x, editable),
+                                batch["editable"].sum(-1))
+
+
+def test_conditional_prompt_longer_than_a_row_names_the_example(tmp_path):
+  pairs = _random_pairs(5)
+  pairs[2] = ("x" * 16, "abc")
+  _write_pairs(tmp_path / "pairs.jsonl", pairs)
+  config = _config("conditional", tmp_path / "pairs.jsonl", seq_len=16, tokenizer="char")
+  with pytest.raises(ValueError, match=r"pairs.jsonl:3: the prompt is 16 tokens.*data.seq_len=16"):
+    pipeline.load_data(config, str(tmp_path / "work"))
+  assert not list((tmp_path / "work" / "data_cache").iterdir())  # No half-written cache.
+
+
+def test_conditional_examples_need_document_rows():
+  docs = pipeline.tokenize_examples([corpora.Example("x", "ab", "f:1")] * 3,
+                                    pipeline.tokenizer_lib.CharTokenizer("abx", eos=True), seq_len=8)
+  with pytest.raises(ValueError, match="one row each"):
+    pipeline.train_dataset(docs, seq_len=8, batch_size=1, seed=0, packing="concat")

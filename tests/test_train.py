@@ -1,4 +1,4 @@
-"""Trainer: golden loss, 8 devices == 1 device, optimizer masks, NaN stop, AR loss, eval/sample."""
+"""Trainer: golden loss, 8 devices == 1 device, optimizer masks, NaN stop, AR loss, eval/sample, conditional data."""
 
 import json
 import math
@@ -144,3 +144,23 @@ def test_train_ar_end_to_end_in_process(tmp_path):
   records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
   assert len(records) == config.sample.num_samples
   assert all(len(r["tokens"]) == config.data.seq_len for r in records)
+
+
+def test_train_conditional_end_to_end_in_process(tmp_path):
+  # Responses spell their prompt backwards: only the response tokens are trained and scored.
+  rng = np.random.default_rng(0)
+  prompts = ["".join(rng.choice(list("abcdef"), rng.integers(1, 8))) for _ in range(48)]
+  for split, chunk in (("train", prompts[:40]), ("validation", prompts[40:])):
+    (tmp_path / "data" / split).mkdir(parents=True)
+    (tmp_path / "data" / split / "pairs.jsonl").write_text("\n".join(
+        json.dumps({"prompt": p, "response": p[::-1]}) for p in chunk))
+  config = load_config("tiny")
+  config.data.dataset, config.data.path = "conditional", str(tmp_path / "data")
+  config.data.tokenizer, config.data.vocab_size = "byte", 257  # 256 bytes and EOS.
+  results = train.train_and_evaluate(config, tmp_path / "work")
+  saved = json.loads((tmp_path / "work" / "eval.json").read_text())
+  assert saved["nelbo_bits_per_token"] == pytest.approx(results["nelbo_bits_per_token"])
+  # Scored tokens: each validation response and its EOS, never a prompt.
+  assert saved["num_sequences"] == 8
+  assert saved["num_tokens"] == sum(len(p) + 1 for p in prompts[40:])
+  assert 0 < saved["nelbo_bits_per_token"] < 3 * math.log2(257)
