@@ -24,6 +24,7 @@ setuptools.setup(
         "numpy>=1.26,<3",
         "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.
         "pillow>=10",  # Animated GIFs of sampling trajectories.
+        "matplotlib>=3.8",  # PNG plots of training curves, bounds and sampling frontiers.
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.11"],
