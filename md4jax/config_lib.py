@@ -81,6 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.num_mc_samples = 8  # NELBO draws averaged per sequence (mdm only; ar is exact).
   config.eval.estimator = "mask_count"  # NELBO estimator for eval; mask_count has bounded variance.
   config.eval.batch_size = 64  # Sequences per evaluation call, split over all devices.
+  config.eval.discrete_steps = "10,50,1000"  # mdm: T of the discrete-time bounds reported beside the continuous one; "" skips them.
+  config.eval.judge_workdir = ""  # An md4jax AR workdir that scores fresh samples (generative perplexity); "" = off.
 
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
@@ -182,6 +184,14 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
     raise ValueError(f"Invalid config: diffusion.schedule: {e}") from None
   _check_choice(config.training.estimator, "training.estimator", diffusion.ESTIMATORS)
   _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
+  steps = config.eval.discrete_steps
+  parts = [part.strip() for part in steps.split(",")] if isinstance(steps, str) and steps.strip() else []
+  _check(isinstance(steps, str) and all(part.isdigit() and int(part) > 0 for part in parts)
+         and len(set(parts)) == len(parts),
+         f"eval.discrete_steps must be distinct positive integers separated by commas "
+         f"(e.g. \"10,50,1000\") or \"\", got {steps!r}.")
+  _check(isinstance(config.eval.judge_workdir, str),
+         f"eval.judge_workdir must be a path string (\"\": off), got {config.eval.judge_workdir!r}.")
 
   opt = config.optimizer
   _check(opt.learning_rate > 0, f"optimizer.learning_rate must be > 0, got {opt.learning_rate}.")

@@ -1,4 +1,4 @@
-"""Evaluation: NELBO or exact AR NLL, with a standard error.
+"""Evaluation: NELBO or exact AR NLL, with a standard error; discrete-T bounds; a judge.
 
 It takes the params to use (the trainer passes the EMA params). Losses of the
 two model types live here too, so training and evaluation score sequences the
@@ -8,9 +8,19 @@ The AR model scores all L tokens: its input is [BOS, x_0, ..., x_{L-2}] with
 BOS = vocab_size (the id the denoiser's embedding reserves for the mask, which
 a causal model never sees otherwise), and its target is x. Its NLL per token is
 then comparable to the diffusion NELBO per token.
+
+Besides the headline bound (config.eval.estimator), an mdm evaluation measures,
+on the same rows, the continuous bound with both the t-estimator and the
+mask-count estimator (so their standard errors compare) and the discrete-time
+bounds for config.eval.discrete_steps. With config.eval.judge_workdir, fresh
+samples are scored by one of our AR models (generative perplexity) next to
+their unigram entropy, since a low perplexity can just be low entropy.
 """
 
+import json
 import math
+import pathlib
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +30,15 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from md4jax import checkpoint
+from md4jax import data
 from md4jax import diffusion
 from md4jax import generate
 from md4jax import schedules
 
 
 def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
-                  estimator: str, t_sampling: str) -> jax.Array:
+                  estimator: str, t_sampling: str, num_steps: Optional[int] = None) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
   batch["editable"] excludes padding and a conditional example's prompt, which
@@ -44,24 +56,55 @@ def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.Con
   denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
   return diffusion.nelbo(key, denoise_fn, tokens, schedules.get_schedule(config.diffusion.schedule),
                          mask_id=vocab_size, editable=editable, estimator=estimator,
-                         t_sampling=t_sampling)
+                         t_sampling=t_sampling, num_steps=num_steps)
+
+
+def discrete_steps(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """The T of config.eval.discrete_steps ("10,50,1000"; "" = none)."""
+  return tuple(int(part) for part in config.eval.discrete_steps.split(",") if part.strip())
+
+
+def discrete_estimator(config: ml_collections.ConfigDict) -> str:
+  """mask_count integrates t out, so it has no discrete-T form: the t-estimator stands in."""
+  return "standard" if config.eval.estimator == "mask_count" else config.eval.estimator
+
+
+def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Optional[int]]]:
+  """name -> (estimator, num_steps) of the bounds measured beside the headline (mdm only)."""
+  if config.model.type == "ar":
+    return {}
+  bounds = {f"continuous/{name}": (name, None) for name in ("standard", "mask_count")}
+  bounds.update({f"T{steps}": (discrete_estimator(config), steps) for steps in discrete_steps(config)})
+  return bounds
 
 
 def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
-  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), num_tokens [b], tokens [b, L]}."""
+  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b], num_tokens [b], tokens, editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
+  extras = extra_bounds(config)
 
   def eval_fn(params, batch, key):
-    def add_draw(total, draw_key):
+    def score(draw_key, estimator, num_steps=None):
       # Uniform (not stratified) t keeps the rows' estimates independent, so the
       # standard error over rows is honest.
-      nats = sequence_nats(params, batch, draw_key, model=model, config=config,
-                           estimator=config.eval.estimator, t_sampling="uniform")
-      return total + nats, None
+      return sequence_nats(params, batch, draw_key, model=model, config=config, estimator=estimator,
+                           t_sampling="uniform", num_steps=num_steps)
+
+    def add_draw(totals, draw_key):
+      draw = {"nats": score(draw_key, config.eval.estimator)}
+      for i, (name, (estimator, num_steps)) in enumerate(extras.items()):
+        if num_steps is None and estimator == config.eval.estimator:
+          draw[f"nats/{name}"] = draw["nats"]  # The headline already is this bound.
+        else:
+          draw[f"nats/{name}"] = score(jax.random.fold_in(draw_key, i + 1), estimator, num_steps)
+      return jax.tree.map(jnp.add, totals, draw), None
+
     rows = batch["tokens"].shape[0]
-    total, _ = jax.lax.scan(add_draw, jnp.zeros(rows), jax.random.split(key, num_draws))
-    return {"nats": total / num_draws, "num_tokens": batch["editable"].astype(jnp.int32).sum(-1),
-            "tokens": batch["tokens"]}
+    zeros = {name: jnp.zeros(rows) for name in ["nats"] + [f"nats/{n}" for n in extras]}
+    totals, _ = jax.lax.scan(add_draw, zeros, jax.random.split(key, num_draws))
+    return {**{name: total / num_draws for name, total in totals.items()},
+            "num_tokens": batch["editable"].astype(jnp.int32).sum(-1), "tokens": batch["tokens"],
+            "editable": batch["editable"]}
 
   replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   return jax.jit(eval_fn, in_shardings=(replicated, batch, replicated), out_shardings=replicated)
@@ -88,18 +131,23 @@ def device_batch(batch: dict, mesh) -> dict:
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
+def _bits(nats: np.ndarray, num_tokens: np.ndarray) -> dict:
+  per_token, stderr = per_token_and_stderr(nats, num_tokens)
+  return {"bits_per_token": per_token / math.log(2.0), "stderr": stderr / math.log(2.0)}
+
+
 def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -> dict:
   """NELBO bits/token of held-out rows ± standard error, against the truth where known."""
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 3)
   outputs = [jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i)))
              for i, batch in enumerate(source.eval_batches(config.eval.num_sequences,
                                                            config.eval.batch_size))]
-  nats, num_tokens, rows = (np.concatenate([o[k] for o in outputs])
-                            for k in ("nats", "num_tokens", "tokens"))
-  scored = num_tokens > 0  # Padding rows fill the last batch.
-  nats, num_tokens = nats[scored][:config.eval.num_sequences], num_tokens[scored][:config.eval.num_sequences]
-  per_token, stderr = per_token_and_stderr(nats, num_tokens)
-  mean, stderr = per_token / math.log(2.0), stderr / math.log(2.0)
+  columns = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  scored = np.flatnonzero(columns["num_tokens"] > 0)[:config.eval.num_sequences]  # Padding rows fill the last batch.
+  columns = {k: v[scored] for k, v in columns.items()}
+  nats, num_tokens, rows = columns["nats"], columns["num_tokens"], columns["tokens"]
+  headline = _bits(nats, num_tokens)
+  mean, stderr = headline["bits_per_token"], headline["stderr"]
   results = {
       "nelbo_bits_per_token": mean,
       "nelbo_bits_per_token_stderr": stderr,
@@ -114,15 +162,89 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -
                    num_mc_samples=0)
   else:
     results.update(estimator=config.eval.estimator, num_mc_samples=config.eval.num_mc_samples)
+    results["estimators"] = {name: _bits(columns[f"nats/continuous/{name}"], num_tokens)
+                             for name in ("standard", "mask_count")}
+    if discrete_steps(config):
+      results["discrete_time"] = {str(steps): _bits(columns[f"nats/T{steps}"], num_tokens)
+                                  for steps in discrete_steps(config)}
+      results["discrete_time_estimator"] = discrete_estimator(config)
+  if isinstance(source, data.TextSource):
+    # Per character of the decoded text, so models with different tokenizers compare.
+    characters = sum(len(source.decode(row[editable.astype(bool)]))
+                     for row, editable in zip(rows, columns["editable"]))
+    if characters:
+      results["bits_per_character"] = float(nats.sum() / (math.log(2.0) * characters))
+      results["num_characters"] = int(characters)
   if source.true_bits_per_token is not None:
     true_bits = source.true_bits_per_token
-    sequences = rows[scored][:len(nats)]
     bits = nats / (num_tokens * math.log(2.0))
     # The excess over the exact −log2 p of the same sequences cancels their sampling noise.
-    excess, excess_stderr = _mean_and_stderr(bits - source.true_bits_per_token_of(sequences))
+    excess, excess_stderr = _mean_and_stderr(bits - source.true_bits_per_token_of(rows))
     results.update(true_bits_per_token=true_bits, gap_percent=100.0 * (mean - true_bits) / true_bits,
                    excess_bits_per_token=excess, excess_bits_per_token_stderr=excess_stderr)
   return results
+
+
+# ---- Sample quality under a judge ----
+def generative_perplexity(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[float, float]:
+  """exp(Σ judge NLL / Σ tokens) of samples, and its delta-method standard error."""
+  per_token, stderr = per_token_and_stderr(np.asarray(nats, np.float64), np.asarray(num_tokens))
+  return math.exp(per_token), math.exp(per_token) * stderr
+
+
+def sample_entropy(tokens: np.ndarray) -> tuple[float, float]:
+  """Mean over samples of the unigram entropy of each sample's tokens, in bits, ± standard error."""
+  entropies = []
+  for row in np.asarray(tokens):
+    counts = np.unique(row, return_counts=True)[1]
+    p = counts / counts.sum()
+    entropies.append(float(-(p * np.log2(p)).sum()))
+  return _mean_and_stderr(np.asarray(entropies))
+
+
+def load_judge(judge_workdir, mesh):
+  """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
+  from md4jax import train  # pylint: disable=g-import-not-at-top  (train imports this module)
+  workdir = pathlib.Path(judge_workdir)
+  config_path = workdir / "config.json"
+  if not config_path.is_file():
+    raise FileNotFoundError(f"eval.judge_workdir={judge_workdir!r} has no config.json; "
+                            "point it at a workdir trained by md4jax.")
+  config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  if config.model.type != "ar":
+    raise ValueError(f"The judge in {judge_workdir} is model.type={config.model.type!r}; "
+                     "generative perplexity needs an exact likelihood, an 'ar' model.")
+  model, optimizer = train.build_model(config), train.make_optimizer(config)
+  state = train.init_state(config, model, optimizer, mesh)
+  manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
+  restored = checkpoint.restore(manager, checkpoint.abstract_like(state))
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint in {checkpoint.checkpoint_dir(workdir)} (the judge).")
+  return config, model, restored[1].ema_params
+
+
+def judge_samples(config: ml_collections.ConfigDict, model, params, source, mesh) -> dict:
+  """Fresh samples of the evaluated model, scored by the AR judge of config.eval.judge_workdir."""
+  judge_config, judge_model, judge_params = load_judge(config.eval.judge_workdir, mesh)
+  run = generate.settings(config)
+  if judge_config.data.vocab_size != config.data.vocab_size:
+    raise ValueError(f"The judge's vocab_size {judge_config.data.vocab_size} differs from the "
+                     f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
+  if run["length"] > judge_config.data.seq_len:
+    raise ValueError(f"Samples of {run['length']} tokens exceed the judge's context "
+                     f"({judge_config.data.seq_len}); lower sample.length.")
+  key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)
+  tokens, nfe, _, _ = generate.generate(config, model, params, source, key)
+  batch = data.dense_batch(tokens)
+  score = jax.jit(lambda p, b: sequence_nats(p, b, None, model=judge_model, config=judge_config,
+                                             estimator="exact", t_sampling="uniform"))
+  nats = np.asarray(score(judge_params, batch), np.float64)
+  perplexity, perplexity_stderr = generative_perplexity(nats, batch["editable"].sum(-1))
+  entropy, entropy_stderr = sample_entropy(tokens)
+  return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
+          "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr,
+          "judge_workdir": str(config.eval.judge_workdir), "num_judged_samples": int(len(tokens)),
+          "sampler": {**run, "nfe": nfe}}
 
 
 def summary(results: dict) -> str:

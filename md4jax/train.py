@@ -28,6 +28,8 @@ from md4jax import evaluate
 from md4jax import generate
 from md4jax import metrics_writer
 from md4jax import model as model_lib
+from md4jax import plots
+from md4jax import report
 
 
 @flax.struct.dataclass
@@ -155,10 +157,19 @@ class _Setup:
       self.restored_step, self.state, data_state = restored
       self.iterator.set_state(data_state)
 
-  def evaluate(self, writer: metrics_writer.MetricsWriter) -> dict:
+  def evaluate(self, writer: metrics_writer.MetricsWriter, final: bool = True) -> dict:
+    """eval.json and eval.md; the final evaluation also judges samples and draws the plots."""
     eval_fn = evaluate.make_eval_fn(self.config, self.model, self.mesh)
     results = evaluate.evaluate(self.config, eval_fn, self.state.ema_params, self.source, self.mesh)
-    writer.write_eval(int(self.state.step), results)
+    if final and self.config.eval.judge_workdir:
+      results.update(evaluate.judge_samples(self.config, self.model, self.state.ema_params,
+                                            self.source, self.mesh))
+    step = int(self.state.step)
+    writer.write_eval(step, results)
+    if jax.process_index() == 0:
+      report.write(self.workdir, {"step": step, **results})
+      if final:
+        plots.write_all(self.workdir)
     return results
 
   def sample(self, writer: metrics_writer.MetricsWriter) -> list[dict]:
@@ -257,7 +268,7 @@ def _train_loop(setup: _Setup, writer: metrics_writer.MetricsWriter) -> TrainSta
     if should_eval:
       eval_start = time.perf_counter()
       setup.state = state
-      setup.evaluate(writer)
+      setup.evaluate(writer, final=False)
       window_start += time.perf_counter() - eval_start  # Keep evaluation out of tokens/s.
   progress.finish()
   return state

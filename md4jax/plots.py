@@ -1,0 +1,80 @@
+"""PNG plots from a workdir's files: training curves (metrics.jsonl) and NELBO vs T (eval.json).
+
+They read only what the run wrote, so they can be redrawn for any workdir:
+  python -c "from md4jax import plots; plots.write_all('/tmp/md4jax_tiny')"
+"""
+
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")  # Files only: no display needed.
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# metrics.jsonl series drawn as training curves, each in its own panel.
+CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate")
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def training_curves(records: list[dict], path: pathlib.Path, eval_results: dict | None = None):
+  """One panel per logged series against the step; the final eval bound and entropy as lines."""
+  names = [name for name in CURVES if any(name in r for r in records)]
+  fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.2), squeeze=False)
+  for ax, name in zip(axes[0], names):
+    points = [(r["step"], r[name]) for r in records if r.get(name) is not None]
+    ax.plot(*zip(*points), marker=".", label=f"train {name}")
+    if name == "nelbo_bits_per_token" and eval_results:
+      ax.axhline(eval_results["nelbo_bits_per_token"], color="C1", ls="--", label="eval (EMA)")
+      if "true_bits_per_token" in eval_results:
+        ax.axhline(eval_results["true_bits_per_token"], color="k", ls=":", label="true entropy")
+      ax.legend(fontsize=7)
+    ax.set_xlabel("step")
+    ax.set_title(name, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def nelbo_vs_steps(results: dict, path: pathlib.Path):
+  """Discrete-T bounds with ±1 SE bars against T (log axis), and the continuous bound as a band."""
+  table = results["discrete_time"]
+  steps = [int(t) for t in table]
+  values = [table[t]["bits_per_token"] for t in table]
+  errors = [table[t]["stderr"] or 0.0 for t in table]
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  ax.errorbar(steps, values, yerr=errors, marker="o", capsize=3, label="discrete-T NELBO")
+  mean, stderr = results["nelbo_bits_per_token"], results["nelbo_bits_per_token_stderr"] or 0.0
+  ax.axhline(mean, color="C1", ls="--", label="continuous NELBO")
+  ax.axhspan(mean - stderr, mean + stderr, color="C1", alpha=0.2)
+  if "true_bits_per_token" in results:
+    ax.axhline(results["true_bits_per_token"], color="k", ls=":", label="true entropy")
+  ax.set_xscale("log")
+  ax.set_xlabel("T (steps)")
+  ax.set_ylabel("bits/token (upper bound)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_all(workdir) -> list[pathlib.Path]:
+  """Draws every plot the workdir's files allow into WORKDIR/plots/; returns their paths."""
+  workdir = pathlib.Path(workdir)
+  out = workdir / "plots"
+  out.mkdir(exist_ok=True)
+  eval_path = workdir / "eval.json"
+  results = json.loads(eval_path.read_text()) if eval_path.is_file() else None
+  written = []
+  metrics_path = workdir / "metrics.jsonl"
+  records = _read_jsonl(metrics_path) if metrics_path.is_file() else []
+  if any(name in r for r in records for name in CURVES):
+    training_curves(records, out / "training_curves.png", results)
+    written.append(out / "training_curves.png")
+  if results and results.get("discrete_time"):
+    nelbo_vs_steps(results, out / "nelbo_vs_steps.png")
+    written.append(out / "nelbo_vs_steps.png")
+  return written
