@@ -146,6 +146,9 @@ def test_text8_smoke(tmp_path):
   evaluation = json.loads((tmp_path / "eval.json").read_text())
   assert "true_bits_per_token" not in evaluation  # Real text: entropy unknown.
   assert 3.0 < evaluation["nelbo_bits_per_token"] < 6.0  # Near log2(27) = 4.75 after 3 steps.
+  # One character per text8 token: bits/character is bits/token.
+  assert evaluation["bits_per_character"] == pytest.approx(evaluation["nelbo_bits_per_token"], rel=1e-5)
+  assert "bits/character" in (tmp_path / "eval.md").read_text()
   [sample] = read_jsonl(tmp_path / "samples.jsonl")
   assert len(sample["text"]) == 32 and set(sample["text"]) <= set("abcdefghijklmnopqrstuvwxyz ")
 
