@@ -231,3 +231,36 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
     sampling.generate_semi_autoregressive(
         jax.random.PRNGKey(0), oracle, batch_size=1, total_length=20, context_length=8,
         block_length=9, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=4)
+
+
+def test_cosine_time_grid_samples_the_chain_exactly(language):
+  """The cosine grid puts more steps near t = 0 and, with many steps, is still exact."""
+  grid = np.asarray(sampling.time_grid(8, "cosine"))
+  assert grid[0] == 0 and grid[-1] == pytest.approx(1.0) and np.all(np.diff(grid) > 0)
+  assert np.diff(grid)[0] < 1 / 8 < np.diff(grid)[-1]
+  tokens, _ = jax.jit(lambda key: sampling.sample(
+      key, language.denoise_fn(MASK_ID), batch_size=NUM_SAMPLES, length=LENGTH,
+      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=256,
+      time_grid_kind="cosine"))(jax.random.PRNGKey(9))
+  gap, se = _log_prob_gap(language, np.asarray(tokens))
+  assert abs(gap) < 4 * se, (gap, se)
+
+
+@pytest.mark.parametrize("confidence", sampling.CONFIDENCES)
+def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, confidence):
+  """Linear schedule, T = 4 steps, 12 masks: floor(12·s) stay masked after each step (9, 6, 3, 0),
+  and the revealed positions are the most confident ones."""
+  _, info = jax.jit(lambda key: sampling.sample(
+      key, language.denoise_fn(MASK_ID), batch_size=8, length=LENGTH,
+      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="confidence",
+      num_steps=4, confidence=confidence, record_trajectory=True))(jax.random.PRNGKey(1))
+  states = np.asarray(info["trajectory"]["tokens"])
+  np.testing.assert_array_equal((states == MASK_ID).sum(-1), np.tile([[12], [9], [6], [3], [0]], (1, 8)))
+  # Step 1 reveals the 3 positions whose oracle distribution scores highest.
+  probs = np.asarray(jax.nn.softmax(language.denoise_fn(MASK_ID)(states[0], None)))
+  top2 = np.sort(probs, -1)[..., ::-1][..., :2]
+  score = {"max_prob": top2[..., 0], "margin": top2[..., 0] - top2[..., 1],
+           "neg_entropy": np.sum(probs * np.log(probs), -1)}[confidence]
+  revealed = states[1] != MASK_ID
+  for row in range(8):
+    assert score[row][revealed[row]].min() >= np.sort(score[row])[-3] - 1e-6
