@@ -83,6 +83,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.batch_size = 64  # Sequences per evaluation call, split over all devices.
   config.eval.discrete_steps = "10,50,1000"  # mdm: T of the discrete-time bounds reported beside the continuous one; "" skips them.
   config.eval.judge_workdir = ""  # An md4jax AR workdir that scores fresh samples (generative perplexity); "" = off.
+  config.eval.profile_bins = 20  # mdm: bins of t in the per-t loss profile (w(t)·CE, one draw per bin and sequence); 0 skips it.
+
+  # --mode=frontier: fresh samples at every (method, num_steps, temperature), each
+  # scored by the judge (eval.judge_workdir) and by the true law where it is known.
+  config.frontier = ml_collections.ConfigDict()
+  config.frontier.methods = "ancestral,confidence"  # mdm samplers swept (md4jax.sampling); ar models decode token by token.
+  config.frontier.num_steps = "16,64,256"  # mdm sampler steps swept; ar ignores them.
+  config.frontier.temperatures = "0.7,0.8,0.9,1.0"  # Softmax temperatures swept (each > 0).
+  config.frontier.num_samples = 64  # Samples per point; the standard errors are over them.
 
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
@@ -111,6 +120,28 @@ def load_config(name: str) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg) if arg else module.get_config()
+
+
+def parse_list(text: str, kind=int) -> tuple:
+  """The comma-separated values of a config string, converted by `kind` ("" = none)."""
+  return tuple(kind(part) for part in text.split(",") if part.strip())
+
+
+OR_EMPTY = ' (or "" for none)'
+
+
+def _check_list(config, name: str, kind, allow_empty: bool, is_valid, what: str):
+  """A comma-separated list key: parses, values valid and distinct."""
+  text = functools.reduce(getattr, name.split("."), config)
+  try:
+    values = parse_list(text, kind) if isinstance(text, str) else None
+  except ValueError:
+    values = None
+  _check(values is not None and (values or allow_empty) and all(map(is_valid, values))
+         and len(set(values)) == len(values),
+         f"{name} must be distinct {what} separated by commas{OR_EMPTY if allow_empty else ''}, "
+         f"got {text!r}.")
+  return values
 
 
 def _check(condition: bool, message: str):
@@ -184,12 +215,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
     raise ValueError(f"Invalid config: diffusion.schedule: {e}") from None
   _check_choice(config.training.estimator, "training.estimator", diffusion.ESTIMATORS)
   _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
-  steps = config.eval.discrete_steps
-  parts = [part.strip() for part in steps.split(",")] if isinstance(steps, str) and steps.strip() else []
-  _check(isinstance(steps, str) and all(part.isdigit() and int(part) > 0 for part in parts)
-         and len(set(parts)) == len(parts),
-         f"eval.discrete_steps must be distinct positive integers separated by commas "
-         f"(e.g. \"10,50,1000\") or \"\", got {steps!r}.")
+  _check_list(config, "eval.discrete_steps", int, True, lambda t: t > 0,
+              "positive integers (e.g. \"10,50,1000\")")
+  _check(isinstance(config.eval.profile_bins, int) and config.eval.profile_bins >= 0,
+         f"eval.profile_bins must be an integer >= 0 (0: off), got {config.eval.profile_bins!r}.")
   _check(isinstance(config.eval.judge_workdir, str),
          f"eval.judge_workdir must be a path string (\"\": off), got {config.eval.judge_workdir!r}.")
 
@@ -219,6 +248,13 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
            f"sample.{name} must be an integer >= 0 (0: default), got {sample[name]!r}.")
   _check(sample.block_length <= data.seq_len,
          f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.")
+  methods = _check_list(config, "frontier.methods", str.strip, False,
+                        lambda m: m in sampling.METHODS, f"samplers (each one of {', '.join(sampling.METHODS)})")
+  _check("cached" not in methods or model.time_conditioning == "none",
+         "frontier.methods has 'cached', which needs model.time_conditioning='none'.")
+  _check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
+  _check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
+  _check_positive_int(config, "frontier.num_samples")
   _check(model.type == "mdm" or sample.length <= data.seq_len,
          f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
          "the ar baseline samples up to its context.")

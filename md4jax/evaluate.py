@@ -12,9 +12,12 @@ then comparable to the diffusion NELBO per token.
 Besides the headline bound (config.eval.estimator), an mdm evaluation measures,
 on the same rows, the continuous bound with both the t-estimator and the
 mask-count estimator (so their standard errors compare) and the discrete-time
-bounds for config.eval.discrete_steps. With config.eval.judge_workdir, fresh
-samples are scored by one of our AR models (generative perplexity) next to
-their unigram entropy, since a low perplexity can just be low entropy.
+bounds for config.eval.discrete_steps, and the per-t loss profile: the
+integrand w(t)·Σ masked CE per token in config.eval.profile_bins bins of t,
+whose mean over bins is itself a (stratified) estimate of the continuous
+bound. With config.eval.judge_workdir, fresh samples are scored by one of our
+AR models (generative perplexity) next to their unigram entropy, since a low
+perplexity can just be low entropy.
 """
 
 import json
@@ -31,6 +34,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from md4jax import checkpoint
+from md4jax import config_lib
 from md4jax import data
 from md4jax import diffusion
 from md4jax import generate
@@ -53,15 +57,41 @@ def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.Con
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
     return jnp.where(editable, nll, 0.0).sum(-1)
-  denoise_fn = lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
-  return diffusion.nelbo(key, denoise_fn, tokens, schedules.get_schedule(config.diffusion.schedule),
-                         mask_id=vocab_size, editable=editable, estimator=estimator,
-                         t_sampling=t_sampling, num_steps=num_steps)
+  return diffusion.nelbo(key, _denoiser(model, params, batch), tokens,
+                         schedules.get_schedule(config.diffusion.schedule), mask_id=vocab_size,
+                         editable=editable, estimator=estimator, t_sampling=t_sampling,
+                         num_steps=num_steps)
+
+
+def _denoiser(model, params, batch: dict):
+  """denoise_fn(z_t, alpha_t) -> logits of the mdm model on the batch's documents."""
+  segments, positions = batch["segment_ids"], batch["positions"]
+  return lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
+
+
+def profile_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
+  """[B, bins]: w(t)·Σ masked CE of each row with t uniform in each of config.eval.profile_bins bins.
+
+  Bin b covers ((b)/bins, (b+1)/bins]; a row's mean over bins is a stratified
+  draw of the schedule's part of the continuous bound (no endpoint terms).
+  """
+  bins = config.eval.profile_bins
+  schedule = schedules.get_schedule(config.diffusion.schedule)
+  denoise_fn = _denoiser(model, params, batch)
+  tokens, editable = batch["tokens"], batch["editable"].astype(bool)
+
+  def one_bin(b):
+    time_key, mask_key = jax.random.split(jax.random.fold_in(key, b))
+    t = (b + 1 - jax.random.uniform(time_key, tokens.shape[:1])) / bins  # In (b/bins, (b+1)/bins].
+    return diffusion.continuous_loss_at(mask_key, denoise_fn, tokens, schedule, t,
+                                        mask_id=config.data.vocab_size, editable=editable)
+
+  return jax.lax.map(one_bin, jnp.arange(bins)).T
 
 
 def discrete_steps(config: ml_collections.ConfigDict) -> tuple[int, ...]:
   """The T of config.eval.discrete_steps ("10,50,1000"; "" = none)."""
-  return tuple(int(part) for part in config.eval.discrete_steps.split(",") if part.strip())
+  return config_lib.parse_list(config.eval.discrete_steps, int)
 
 
 def discrete_estimator(config: ml_collections.ConfigDict) -> str:
@@ -79,9 +109,11 @@ def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Opti
 
 
 def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
-  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b], num_tokens [b], tokens, editable}."""
+  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b],
+  profile_nats [b, bins] (mdm with eval.profile_bins), num_tokens [b], tokens, editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
   extras = extra_bounds(config)
+  with_profile = config.model.type == "mdm" and config.eval.profile_bins > 0
 
   def eval_fn(params, batch, key):
     def score(draw_key, estimator, num_steps=None):
@@ -101,10 +133,14 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
 
     rows = batch["tokens"].shape[0]
     zeros = {name: jnp.zeros(rows) for name in ["nats"] + [f"nats/{n}" for n in extras]}
-    totals, _ = jax.lax.scan(add_draw, zeros, jax.random.split(key, num_draws))
-    return {**{name: total / num_draws for name, total in totals.items()},
-            "num_tokens": batch["editable"].astype(jnp.int32).sum(-1), "tokens": batch["tokens"],
-            "editable": batch["editable"]}
+    draw_key, profile_key = jax.random.split(key)
+    totals, _ = jax.lax.scan(add_draw, zeros, jax.random.split(draw_key, num_draws))
+    outputs = {**{name: total / num_draws for name, total in totals.items()},
+               "num_tokens": batch["editable"].astype(jnp.int32).sum(-1), "tokens": batch["tokens"],
+               "editable": batch["editable"]}
+    if with_profile:
+      outputs["profile_nats"] = profile_nats(params, batch, profile_key, model=model, config=config)
+    return outputs
 
   replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   return jax.jit(eval_fn, in_shardings=(replicated, batch, replicated), out_shardings=replicated)
@@ -134,6 +170,17 @@ def device_batch(batch: dict, mesh) -> dict:
 def _bits(nats: np.ndarray, num_tokens: np.ndarray) -> dict:
   per_token, stderr = per_token_and_stderr(nats, num_tokens)
   return {"bits_per_token": per_token / math.log(2.0), "stderr": stderr / math.log(2.0)}
+
+
+def loss_profile(nats: np.ndarray, num_tokens: np.ndarray, schedule: str) -> dict:
+  """eval.json's loss_profile from profile_nats [rows, bins]: bits/token ± SE per bin and their mean."""
+  bins = nats.shape[1]
+  per_bin = [_bits(nats[:, b], num_tokens) for b in range(bins)]
+  mean = _bits(nats.mean(axis=1), num_tokens)  # Per row first: the bins share rows.
+  return {"schedule": schedule, "t_edges": [b / bins for b in range(bins + 1)],
+          "bits_per_token": [f["bits_per_token"] for f in per_bin],
+          "stderr": [f["stderr"] for f in per_bin],
+          "mean_bits_per_token": mean["bits_per_token"], "mean_stderr": mean["stderr"]}
 
 
 def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -> dict:
@@ -168,13 +215,19 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -
       results["discrete_time"] = {str(steps): _bits(columns[f"nats/T{steps}"], num_tokens)
                                   for steps in discrete_steps(config)}
       results["discrete_time_estimator"] = discrete_estimator(config)
+    if "profile_nats" in columns:
+      results["loss_profile"] = loss_profile(columns["profile_nats"], num_tokens,
+                                             config.diffusion.schedule)
   if isinstance(source, data.TextSource):
-    # Per character of the decoded text, so models with different tokenizers compare.
-    characters = sum(len(source.decode(row[editable.astype(bool)]))
-                     for row, editable in zip(rows, columns["editable"]))
+    # Per character and per UTF-8 byte of the decoded text, so models with different
+    # tokenizers compare.
+    texts = [source.decode(row[editable.astype(bool)]) for row, editable in zip(rows, columns["editable"])]
+    characters, num_bytes = sum(map(len, texts)), sum(len(text.encode("utf-8")) for text in texts)
     if characters:
       results["bits_per_character"] = float(nats.sum() / (math.log(2.0) * characters))
       results["num_characters"] = int(characters)
+      results["bits_per_byte"] = float(nats.sum() / (math.log(2.0) * num_bytes))
+      results["num_bytes"] = int(num_bytes)
   if source.true_bits_per_token is not None:
     true_bits = source.true_bits_per_token
     bits = nats / (num_tokens * math.log(2.0))
@@ -223,28 +276,46 @@ def load_judge(judge_workdir, mesh):
   return config, model, restored[1].ema_params
 
 
+class Judge:
+  """An AR model of ours that scores token sequences exactly: generative perplexity."""
+
+  def __init__(self, config: ml_collections.ConfigDict, model, params, workdir: str = ""):
+    self.config, self.model, self.params, self.workdir = config, model, params, workdir
+    self._score = jax.jit(lambda p, b: sequence_nats(p, b, None, model=model, config=config,
+                                                     estimator="exact", t_sampling="uniform"))
+
+  @classmethod
+  def from_workdir(cls, judge_workdir, mesh) -> "Judge":
+    return cls(*load_judge(judge_workdir, mesh), workdir=str(judge_workdir))
+
+  def check_compatible(self, config: ml_collections.ConfigDict, length: int):
+    """Raises ValueError unless the judge can score `length` tokens of config's vocabulary."""
+    if self.config.data.vocab_size != config.data.vocab_size:
+      raise ValueError(f"The judge's vocab_size {self.config.data.vocab_size} differs from the "
+                       f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
+    if length > self.config.data.seq_len:
+      raise ValueError(f"Samples of {length} tokens exceed the judge's context "
+                       f"({self.config.data.seq_len}); lower sample.length.")
+
+  def score(self, tokens: np.ndarray) -> dict:
+    """Generative perplexity of tokens [n, L] under the judge and their sample entropy, ± SE."""
+    batch = data.dense_batch(np.asarray(tokens, np.int32))
+    nats = np.asarray(self._score(self.params, batch), np.float64)
+    perplexity, perplexity_stderr = generative_perplexity(nats, batch["editable"].sum(-1))
+    entropy, entropy_stderr = sample_entropy(tokens)
+    return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
+            "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
+
+
 def judge_samples(config: ml_collections.ConfigDict, model, params, source, mesh) -> dict:
   """Fresh samples of the evaluated model, scored by the AR judge of config.eval.judge_workdir."""
-  judge_config, judge_model, judge_params = load_judge(config.eval.judge_workdir, mesh)
+  judge = Judge.from_workdir(config.eval.judge_workdir, mesh)
   run = generate.settings(config)
-  if judge_config.data.vocab_size != config.data.vocab_size:
-    raise ValueError(f"The judge's vocab_size {judge_config.data.vocab_size} differs from the "
-                     f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
-  if run["length"] > judge_config.data.seq_len:
-    raise ValueError(f"Samples of {run['length']} tokens exceed the judge's context "
-                     f"({judge_config.data.seq_len}); lower sample.length.")
+  judge.check_compatible(config, run["length"])
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)
   tokens, nfe, _, _ = generate.generate(config, model, params, source, key)
-  batch = data.dense_batch(tokens)
-  score = jax.jit(lambda p, b: sequence_nats(p, b, None, model=judge_model, config=judge_config,
-                                             estimator="exact", t_sampling="uniform"))
-  nats = np.asarray(score(judge_params, batch), np.float64)
-  perplexity, perplexity_stderr = generative_perplexity(nats, batch["editable"].sum(-1))
-  entropy, entropy_stderr = sample_entropy(tokens)
-  return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
-          "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr,
-          "judge_workdir": str(config.eval.judge_workdir), "num_judged_samples": int(len(tokens)),
-          "sampler": {**run, "nfe": nfe}}
+  return {**judge.score(tokens), "judge_workdir": judge.workdir,
+          "num_judged_samples": int(len(tokens)), "sampler": {**run, "nfe": nfe}}
 
 
 def summary(results: dict) -> str:

@@ -3,6 +3,8 @@ r"""Trains, evaluates or samples a masked diffusion (or AR) language model.
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default --mode=eval
   python -m md4jax.main --config=configs/tiny.py --workdir=/tmp/tiny --config.num_train_steps=50
+  python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default --mode=frontier \
+      --config.eval.judge_workdir=/tmp/md4jax_default_ar
 
 A workdir that holds checkpoints resumes training from the latest one.
 """
@@ -17,8 +19,9 @@ from md4jax import train
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (configs/*.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "sample"],
-                          "train (then eval and sample), or eval / sample the latest checkpoint.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "sample", "frontier"],
+                          "train (then eval and sample), or eval / sample / sweep the sample-quality "
+                          "frontier (md4jax.frontier) of the latest checkpoint.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -32,6 +35,8 @@ def main(argv):
     train.train_and_evaluate(config, _WORKDIR.value)
   elif _MODE.value == "eval":
     train.evaluate_checkpoint(config, _WORKDIR.value)
+  elif _MODE.value == "frontier":
+    train.frontier_checkpoint(config, _WORKDIR.value)
   else:
     train.sample_checkpoint(config, _WORKDIR.value)
 

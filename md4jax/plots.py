@@ -1,4 +1,5 @@
-"""PNG plots from a workdir's files: training curves (metrics.jsonl) and NELBO vs T (eval.json).
+"""PNG plots from a workdir's files: training curves (metrics.jsonl), NELBO vs T and the per-t
+loss profile (eval.json), and the sample-quality frontier (frontier.json).
 
 They read only what the run wrote, so they can be redrawn for any workdir:
   python -c "from md4jax import plots; plots.write_all('/tmp/md4jax_tiny')"
@@ -11,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # Files only: no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+import matplotlib.ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # metrics.jsonl series drawn as training curves, each in its own panel.
 CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate")
@@ -61,6 +63,68 @@ def nelbo_vs_steps(results: dict, path: pathlib.Path):
   plt.close(fig)
 
 
+def loss_profile(results: dict, path: pathlib.Path):
+  """w(t)·CE per token by bin of t, ±1 SE: where in t the bound's bits are spent."""
+  profile = results["loss_profile"]
+  edges = profile["t_edges"]
+  centers = [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])]
+  values, errors = profile["bits_per_token"], [e or 0.0 for e in profile["stderr"]]
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  ax.stairs(values, edges, label="w(t)·Σ masked CE / tokens")
+  ax.errorbar(centers, values, yerr=errors, fmt="none", ecolor="C0", capsize=2)
+  ax.axhline(profile["mean_bits_per_token"], color="C1", ls="--",
+             label=f"mean over t = {profile['mean_bits_per_token']:.3f}")
+  if "true_bits_per_token" in results:
+    ax.axhline(results["true_bits_per_token"], color="k", ls=":", label="true entropy")
+  ax.set_xlim(0, 1)
+  ax.set_xlabel(f"t ({profile['schedule']} schedule)")
+  ax.set_ylabel("bits/token")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _frontier_panel(ax, results: dict, value: str, label: str):
+  """One line per (method, num_steps) through its temperatures; the held-out data as a star."""
+  lines = {}
+  for point in results["points"]:
+    lines.setdefault((point["method"], point["num_steps"]), []).append(point)
+  for (method, steps), points in lines.items():
+    points = sorted(points, key=lambda p: p["temperature"])
+    name = method if steps is None else f"{method}, {steps} steps"
+    ax.errorbar([p["sample_entropy"] for p in points], [p[value] for p in points],
+                xerr=[p["sample_entropy_stderr"] for p in points],
+                yerr=[p[f"{value}_stderr"] for p in points], marker="o", ms=3, capsize=2, label=name)
+    for p in points:
+      ax.annotate(f"{p['temperature']:g}", (p["sample_entropy"], p[value]), fontsize=6,
+                  textcoords="offset points", xytext=(3, 3))
+  if "data" in results:
+    ax.plot(results["data"]["sample_entropy"], results["data"][value], "k*", ms=10,
+            label="held-out data")
+  ax.set_xlabel("sample entropy (bits, unigram per sample)")
+  ax.set_ylabel(label)
+  ax.set_yscale("log")
+  for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+    axis(matplotlib.ticker.FormatStrFormatter("%g"))  # Plain numbers, not 8×10^0.
+  ax.legend(fontsize=7)
+
+
+def frontier(results: dict, path: pathlib.Path):
+  """Perplexity (judge and/or true law) against sample entropy; labels are temperatures."""
+  panels = [(value, label) for value, label in
+            (("generative_perplexity", "generative perplexity (AR judge)"),
+             ("true_perplexity", "perplexity under the true law"))
+            if value in results["points"][0]]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  for ax, (value, label) in zip(axes[0], panels):
+    _frontier_panel(ax, results, value, label)
+  fig.suptitle(f"{results['num_samples']} samples per point; labels: temperature", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def write_all(workdir) -> list[pathlib.Path]:
   """Draws every plot the workdir's files allow into WORKDIR/plots/; returns their paths."""
   workdir = pathlib.Path(workdir)
@@ -77,4 +141,7 @@ def write_all(workdir) -> list[pathlib.Path]:
   if results and results.get("discrete_time"):
     nelbo_vs_steps(results, out / "nelbo_vs_steps.png")
     written.append(out / "nelbo_vs_steps.png")
+  if results and results.get("loss_profile"):
+    loss_profile(results, out / "loss_profile.png")
+    written.append(out / "loss_profile.png")
   return written

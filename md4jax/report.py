@@ -42,6 +42,9 @@ def render(results: dict) -> str:
     relation = "=" if is_ar else "≤"
     lines.append(f"| bits/character ({results['num_characters']} characters) | "
                  f"{relation} {results['bits_per_character']:.4f} |")
+  if "bits_per_byte" in results:
+    lines.append(f"| bits/byte ({results['num_bytes']} UTF-8 bytes) | "
+                 f"{'=' if is_ar else '≤'} {results['bits_per_byte']:.4f} |")
   if "true_bits_per_token" in results:
     lines.append(f"| true entropy (bits/token) | {results['true_bits_per_token']:.4f} |")
     lines.append(f"| gap to the entropy | {results['gap_percent']:+.2f}% |")
@@ -58,7 +61,9 @@ def render(results: dict) -> str:
                  "The NELBO is an upper bound on the NLL (≤).")
   if "estimators" in results:
     lines += ["", "## Continuous-time bound by estimator", "", "Same sequences, same K; the expectation "
-              "is the same, only the variance differs.", "",
+              "is the same, only the variance differs. The t-estimator weights the few tokens masked "
+              "at small t by w(t), which is unbounded there (1/t for the linear schedule), so its "
+              "spread, and its standard error, are heavy-tailed; the mask-count estimator's are not.", "",
               "| Estimator | NELBO (bits/token) |", "|---|---|"]
     for name, figure in results["estimators"].items():
       lines.append(f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
@@ -70,6 +75,17 @@ def render(results: dict) -> str:
     for steps, figure in results["discrete_time"].items():
       lines.append(f"| {steps} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
     lines.append(f"| ∞ (continuous) | ≤ {_pm(mean, stderr)} |")
+  if "loss_profile" in results:
+    profile = results["loss_profile"]
+    edges = profile["t_edges"]
+    lines += ["", "## Per-t loss profile", "",
+              f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
+              f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of the "
+              f"continuous bound without endpoint terms: "
+              f"{_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.", "",
+              "| t | bits/token |", "|---|---|"]
+    for lo, hi, value, stderr in zip(edges, edges[1:], profile["bits_per_token"], profile["stderr"]):
+      lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")
   if "generative_perplexity" in results:
     sampler = ", ".join(f"{k}={v}" for k, v in results["sampler"].items() if v not in (None, ""))
     lines += ["", "## Samples under the judge", "",

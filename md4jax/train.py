@@ -25,6 +25,7 @@ from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import data
 from md4jax import evaluate
+from md4jax import frontier
 from md4jax import generate
 from md4jax import metrics_writer
 from md4jax import model as model_lib
@@ -301,3 +302,15 @@ def sample_checkpoint(config: ml_collections.ConfigDict, workdir) -> list[dict]:
   for record in records:
     print(json.dumps({k: v for k, v in record.items() if k != "step"}))
   return records
+
+
+def frontier_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
+  """--mode=frontier: sweeps samplers of the latest checkpoint into frontier.json and its plot."""
+  setup = _restored_setup(config, workdir)
+  judge = (evaluate.Judge.from_workdir(config.eval.judge_workdir, setup.mesh)
+           if config.eval.judge_workdir else None)
+  results = frontier.run(config, setup.model, setup.state.ema_params, setup.source, judge)
+  if jax.process_index() == 0:
+    for path in frontier.write(workdir, results):
+      print(f"Wrote {path}")
+  return results

@@ -107,6 +107,13 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(data__dataset="conditional", data__path="x", data__prompt_field=""),
      r"data.prompt_field must name a JSONL field"),
     (dict(sample__top_p=0.0), r"sample.top_p must be in \(0, 1\]"),
+    (dict(eval__profile_bins=-1), r"eval.profile_bins must be an integer >= 0"),
+    (dict(frontier__methods="ancestral,beam"), r"frontier.methods must be distinct samplers"),
+    (dict(frontier__methods=""), r"frontier.methods must be distinct samplers"),
+    (dict(frontier__num_steps="8,0"), r"frontier.num_steps must be distinct positive integers"),
+    (dict(frontier__temperatures="1,0"), r"frontier.temperatures must be distinct temperatures > 0"),
+    (dict(frontier__temperatures="1,hot"), r"frontier.temperatures must be distinct temperatures > 0"),
+    (dict(frontier__num_samples=0), r"frontier.num_samples must be a positive integer"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
 ])
 def test_bad_values_raise_clear_errors(overrides, match):

@@ -1,4 +1,5 @@
-"""Evaluation: determinism, SE ~ 1/√K, the oracle as AR model and as judge, eval.md, plots."""
+"""Evaluation: determinism, SE ~ 1/√K, the oracle as AR model, denoiser and judge, the per-t
+profile, bits/byte, eval.md, plots."""
 
 import json
 import math
@@ -15,6 +16,8 @@ from md4jax import groundtruth
 from md4jax import plots
 from md4jax import report
 from md4jax import train
+
+import oracles
 
 
 def tiny_config(**eval_overrides):
@@ -61,8 +64,10 @@ class _RepeatedSource:
 def test_stderr_shrinks_like_one_over_sqrt_k():
   stderrs = {}
   for draws in (1, 16):
-    config = tiny_config(num_mc_samples=draws, estimator="standard", discrete_steps="",
-                         num_sequences=128, batch_size=64)
+    # mask_count has bounded variance; the t-estimator's is not (w(t) = 1/t near t = 0), so
+    # its sample SE is too heavy-tailed to test a rate on.
+    config = tiny_config(num_mc_samples=draws, estimator="mask_count", discrete_steps="",
+                         profile_bins=0, num_sequences=128, batch_size=64)
     mesh, model, params = untrained(config)
     source = _RepeatedSource(data.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
     results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
@@ -71,26 +76,12 @@ def test_stderr_shrinks_like_one_over_sqrt_k():
   assert 4 / 1.4 < ratio < 4 * 1.4, stderrs  # √16 = 4; the SE of an SE over 128 rows is ~6%.
 
 
-class _OracleChain:
-  """The ground-truth chain as a causal 'model': logits = log p(x_i | x_{i-1}), BOS -> log π."""
-
-  def __init__(self, language):
-    self.log_initial = jnp.log(jnp.asarray(language.initial, jnp.float32))
-    self.log_transition = jnp.log(jnp.asarray(language.transition, jnp.float32))
-    self.vocab_size = language.vocab_size
-
-  def apply(self, variables, inputs, alpha, segments=None, positions=None):
-    del variables, alpha, segments, positions
-    previous = self.log_transition[jnp.minimum(inputs, self.vocab_size - 1)]
-    return jnp.where((inputs == self.vocab_size)[..., None], self.log_initial, previous)
-
-
 def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   config = tiny_config(num_sequences=512, batch_size=64)
   config.model.type = "ar"
   mesh = train.make_mesh(jax.devices()[:1])
   source = data.make_source(config)
-  oracle = _OracleChain(source.language)
+  oracle = oracles.OracleChain(source.language)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
   assert results["estimator"] == "exact_nll" and results["nll_bits_per_token"] == results["nelbo_bits_per_token"]
   # Exactly −log2 p(x) of each row: the paired excess is zero up to float32 rounding.
@@ -98,6 +89,57 @@ def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   assert results["nll_bits_per_token"] == pytest.approx(
       results["true_bits_per_token"], abs=3 * results["nll_bits_per_token_stderr"])
   assert "exact NLL" in report.render(results) and "≤" not in report.render(results)
+
+
+def test_loss_profile_of_the_exact_denoiser_integrates_to_the_entropy():
+  config = tiny_config(num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="",
+                       profile_bins=10)
+  mesh = train.make_mesh(jax.devices()[:1])
+  source = data.make_source(config)
+  oracle = oracles.OracleDenoiser(source.language)
+  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
+  profile = results["loss_profile"]
+  assert len(profile["bits_per_token"]) == 10 and profile["t_edges"][0] == 0 and profile["t_edges"][-1] == 1
+  # With the exact denoiser the continuous bound is tight: the mean over bins is the entropy.
+  assert profile["mean_bits_per_token"] == pytest.approx(
+      results["true_bits_per_token"], abs=4 * profile["mean_stderr"])
+  # Linear schedule: bin value = E[CE per masked token at t], which grows as context is masked.
+  first, last = profile["bits_per_token"][0], profile["bits_per_token"][-1]
+  assert last - first > 4 * math.hypot(profile["stderr"][0], profile["stderr"][-1])
+  assert "## Per-t loss profile" in report.render(results)
+
+
+def test_profile_mean_agrees_with_the_t_estimator():
+  config = tiny_config(num_sequences=128, batch_size=64, num_mc_samples=4, profile_bins=16)
+  mesh, model, params = untrained(config)
+  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
+                              data.make_source(config), mesh)
+  profile, standard = results["loss_profile"], results["estimators"]["standard"]
+  assert profile["mean_bits_per_token"] == pytest.approx(
+      standard["bits_per_token"], abs=4 * math.hypot(profile["mean_stderr"], standard["stderr"]))
+  config = tiny_config(profile_bins=0)
+  mesh, model, params = untrained(config)
+  off = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
+                          data.make_source(config), mesh)
+  assert "loss_profile" not in off and "Per-t" not in report.render(off)
+
+
+def test_bits_per_byte_counts_utf8_bytes(tmp_path):
+  rng = np.random.default_rng(0)
+  words = ["café", "naïve", "über", "déjà", "vu", "ünd", "mañana", "plain"]
+  text = "\n".join(" ".join(rng.choice(words, 12)) for _ in range(200))
+  (tmp_path / "corpus.txt").write_text(text)
+  config = tiny_config(num_sequences=16, discrete_steps="", profile_bins=0)
+  config.data.dataset, config.data.path = "localtext", str(tmp_path / "corpus.txt")
+  config.data.tokenizer, config.data.packing = "char", "concat"
+  config.data.vocab_size = len(set(text) - {"\n"}) + 1  # Its characters (lines are documents) and EOS.
+  source = data.make_source(config, str(tmp_path / "work"))
+  mesh, model, params = untrained(config)
+  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
+  assert results["num_bytes"] > results["num_characters"] > 0  # Accented letters take 2 bytes.
+  assert results["bits_per_byte"] * results["num_bytes"] == pytest.approx(
+      results["bits_per_character"] * results["num_characters"])
+  assert "bits/byte" in report.render(results)
 
 
 def test_generative_perplexity_of_exact_samples_is_exp_entropy():

@@ -67,7 +67,8 @@ def test_train_eval_sample(tmp_path):
   report = (tmp_path / "eval.md").read_text()
   assert f"≤ {evaluation['nelbo_bits_per_token']:.4f} ± {evaluation['nelbo_bits_per_token_stderr']:.4f}" in report
   assert "true entropy" in report and "| 1000 |" in report
-  for name in ("training_curves.png", "nelbo_vs_steps.png"):
+  assert "## Per-t loss profile" in report and len(evaluation["loss_profile"]["bits_per_token"]) == 20
+  for name in ("training_curves.png", "nelbo_vs_steps.png", "loss_profile.png"):
     assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
   samples = read_jsonl(tmp_path / "samples.jsonl")
   assert len(samples) == 2 and all(len(s["tokens"]) == 16 for s in samples)
@@ -117,6 +118,18 @@ def test_ar_twin_judges_diffusion_samples(tmp_path):
   assert 0 < evaluation["sample_entropy"] <= 3  # At most log2(8) bits of 8 ids.
   assert evaluation["sampler"]["method"] == "ancestral" and evaluation["sampler"]["num_steps"] == 8
   assert "generative perplexity" in (model / "eval.md").read_text()
+
+  result = run_cli(model, "--mode=frontier", f"--config.eval.judge_workdir={judge}",
+                   "--config.frontier.num_steps=4", "--config.frontier.temperatures=0.8,1",
+                   "--config.frontier.num_samples=8")
+  sweep = json.loads((model / "frontier.json").read_text())
+  assert [(p["method"], p["temperature"]) for p in sweep["points"]] == [
+      ("ancestral", 0.8), ("ancestral", 1.0), ("confidence", 0.8), ("confidence", 1.0)]
+  for point in sweep["points"]:
+    assert point["generative_perplexity"] > 1 and point["nfe"] == 4 and "true_perplexity" in point
+  assert sweep["data"]["num_rows"] == 8 and sweep["judge_workdir"] == str(judge)
+  assert (model / "plots" / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+  assert "frontier.json" in result.stdout
 
 
 def test_config_typo_fails(tmp_path):

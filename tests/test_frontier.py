@@ -1,0 +1,101 @@
+"""The frontier sweep: exact samples of the oracle score exp(entropy); cooling trades entropy away."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from md4jax import config_lib
+from md4jax import data
+from md4jax import evaluate
+from md4jax import frontier
+
+import oracles
+
+
+def oracle_setup(model_type="mdm", **frontier_overrides):
+  config = config_lib.load_config("tiny")
+  config.model.type = model_type
+  config.frontier.methods, config.frontier.num_steps = "first_hitting", "16"
+  config.frontier.temperatures, config.frontier.num_samples = "0.5,1.0", 256
+  for key, value in frontier_overrides.items():
+    config.frontier[key] = value
+  config_lib.validate_config(config, num_devices=1)
+  source = data.make_source(config)
+  judge_config = config_lib.load_config("tiny_ar")
+  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, workdir="oracle")
+  return config, source, judge
+
+
+def test_sweep_settings():
+  config = config_lib.load_config("tiny")
+  config.frontier.methods, config.frontier.num_steps, config.frontier.temperatures = "ancestral,cached", "4,8", "1"
+  settings = frontier.sweep_settings(config)
+  assert [(s["method"], s["num_steps"]) for s in settings] == [
+      ("ancestral", 4), ("ancestral", 8), ("cached", 4), ("cached", 8)]
+  config.model.type = "ar"
+  config.frontier.temperatures = "0.9, 1.1"
+  assert frontier.sweep_settings(config) == [{"method": "ar", "num_steps": None, "temperature": 0.9},
+                                             {"method": "ar", "num_steps": None, "temperature": 1.1}]
+
+
+def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):
+  config, source, judge = oracle_setup()
+  # first_hitting with the exact denoiser reveals one token at a time from its exact
+  # conditional: the samples are exact draws of the language.
+  results = frontier.run(config, oracles.OracleDenoiser(source.language), {}, source, judge)
+  cold, exact = results["points"]
+  assert (cold["temperature"], exact["temperature"]) == (0.5, 1.0)
+  truth = 2 ** source.true_bits_per_token
+  assert exact["generative_perplexity"] == pytest.approx(truth, abs=3 * exact["generative_perplexity_stderr"])
+  # The judge is the true chain: its perplexity is the exact one.
+  assert exact["generative_perplexity"] == pytest.approx(exact["true_perplexity"], rel=1e-4)
+  # Held-out rows are exact draws too: the same point within SE.
+  reference = results["data"]
+  assert reference["num_rows"] == 256
+  for name in ("generative_perplexity", "sample_entropy"):
+    slack = 4 * math.hypot(exact[f"{name}_stderr"], reference[f"{name}_stderr"])
+    assert exact[name] == pytest.approx(reference[name], abs=slack)
+  # Temperature 0.5 buys a lower perplexity with lower entropy: not better samples.
+  for name in ("generative_perplexity", "sample_entropy"):
+    assert cold[name] < exact[name] - 3 * math.hypot(cold[f"{name}_stderr"], exact[f"{name}_stderr"])
+  assert exact["nfe"] == 16 and results["judge_workdir"] == "oracle"
+
+  json_path, png_path = frontier.write(tmp_path, results)
+  assert json.loads(json_path.read_text()) == json.loads(json.dumps(results))
+  assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 1000
+
+
+def test_ar_sweep_with_the_oracle_chain():
+  config, source, judge = oracle_setup("ar", temperatures="1.0", num_samples=256)
+  results = frontier.run(config, oracles.OracleChain(source.language), {}, source, judge)
+  [point] = results["points"]
+  assert point["method"] == "ar" and point["nfe"] == config.data.seq_len
+  truth = 2 ** source.true_bits_per_token
+  assert point["generative_perplexity"] == pytest.approx(truth, abs=3 * point["generative_perplexity_stderr"])
+
+
+def test_without_judge_scores_by_the_true_law_or_fails():
+  config, source, _ = oracle_setup(temperatures="1.0", num_samples=64)
+  results = frontier.run(config, oracles.OracleDenoiser(source.language), {}, source)
+  [point] = results["points"]
+  assert "generative_perplexity" not in point and point["true_perplexity"] > 1
+  assert results["judge_workdir"] is None
+
+  class UnknownLaw:
+    true_bits_per_token = None
+
+  with pytest.raises(ValueError, match="eval.judge_workdir"):
+    frontier.run(config, oracles.OracleDenoiser(source.language), {}, UnknownLaw())
+
+
+def test_judge_rejects_other_vocabularies():
+  config, _, judge = oracle_setup()
+  config.data.vocab_size = 9
+  with pytest.raises(ValueError, match="vocab_size 8 differs"):
+    judge.check_compatible(config, 16)
+  config.data.vocab_size = 8
+  with pytest.raises(ValueError, match="exceed the judge's context"):
+    judge.check_compatible(config, 17)
+  assert np.isfinite(judge.score(np.zeros((2, 16), np.int32))["generative_perplexity"])
