@@ -183,12 +183,34 @@ def loss_profile(nats: np.ndarray, num_tokens: np.ndarray, schedule: str) -> dic
           "mean_bits_per_token": mean["bits_per_token"], "mean_stderr": mean["stderr"]}
 
 
-def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -> dict:
-  """NELBO bits/token of held-out rows ± standard error, against the truth where known."""
+def side_by_side(nats: np.ndarray, judge_nats: np.ndarray, num_tokens: np.ndarray, judge_workdir: str) -> dict:
+  """The evaluated model against the AR judge on the same rows: both figures, their paired
+  difference and ratio, each ± a standard error over rows."""
+  judge_bits, difference = _bits(judge_nats, num_tokens), _bits(nats - judge_nats, num_tokens)
+  ratio, ratio_stderr = per_token_and_stderr(nats, judge_nats)  # Σ model / Σ judge.
+  return {"judge_workdir": judge_workdir,
+          "judge_nll_bits_per_token": judge_bits["bits_per_token"],
+          "judge_nll_bits_per_token_stderr": judge_bits["stderr"],
+          "difference_bits_per_token": difference["bits_per_token"],
+          "difference_bits_per_token_stderr": difference["stderr"],
+          "ratio": ratio, "ratio_stderr": ratio_stderr}
+
+
+def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
+             judge: Optional["Judge"] = None) -> dict:
+  """NELBO bits/token of held-out rows ± standard error, against the truth where known.
+
+  With a judge (an AR model), the same rows are also scored by it exactly: the
+  side-by-side figures are paired, row by row, on the same tokens.
+  """
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 3)
-  outputs = [jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i)))
-             for i, batch in enumerate(source.eval_batches(config.eval.num_sequences,
-                                                           config.eval.batch_size))]
+  if judge is not None:
+    judge.check_compatible(config, config.data.seq_len)
+  outputs = []
+  for i, batch in enumerate(source.eval_batches(config.eval.num_sequences, config.eval.batch_size)):
+    outputs.append(jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i))))
+    if judge is not None:
+      outputs[-1]["judge_nats"] = judge.nats(batch)
   columns = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   scored = np.flatnonzero(columns["num_tokens"] > 0)[:config.eval.num_sequences]  # Padding rows fill the last batch.
   columns = {k: v[scored] for k, v in columns.items()}
@@ -218,6 +240,8 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh) -
     if "profile_nats" in columns:
       results["loss_profile"] = loss_profile(columns["profile_nats"], num_tokens,
                                              config.diffusion.schedule)
+  if judge is not None:
+    results["side_by_side"] = side_by_side(nats, columns["judge_nats"], num_tokens, judge.workdir)
   if isinstance(source, data.TextSource):
     # Per character and per UTF-8 byte of the decoded text, so models with different
     # tokenizers compare.
@@ -289,27 +313,37 @@ class Judge:
     return cls(*load_judge(judge_workdir, mesh), workdir=str(judge_workdir))
 
   def check_compatible(self, config: ml_collections.ConfigDict, length: int):
-    """Raises ValueError unless the judge can score `length` tokens of config's vocabulary."""
+    """Raises ValueError unless the judge models config's data and can score `length` tokens."""
     if self.config.data.vocab_size != config.data.vocab_size:
       raise ValueError(f"The judge's vocab_size {self.config.data.vocab_size} differs from the "
                        f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
+    same_data = ["dataset", "tokenizer", "bpe_vocab_size"] if config.data.dataset != "markov" else [
+        "dataset", "language_seed", "concentration"]
+    for name in same_data:
+      if self.config.data[name] != config.data[name]:
+        raise ValueError(f"The judge {self.workdir or ''} was trained with data.{name}="
+                         f"{self.config.data[name]!r}, the evaluated model with {config.data[name]!r}: "
+                         "its scores would not be about the same data.")
     if length > self.config.data.seq_len:
       raise ValueError(f"Samples of {length} tokens exceed the judge's context "
                        f"({self.config.data.seq_len}); lower sample.length.")
 
+  def nats(self, batch: dict) -> np.ndarray:
+    """Exact NLL in nats of each row's editable tokens [B] under the judge."""
+    return np.asarray(self._score(self.params, batch), np.float64)
+
   def score(self, tokens: np.ndarray) -> dict:
     """Generative perplexity of tokens [n, L] under the judge and their sample entropy, ± SE."""
     batch = data.dense_batch(np.asarray(tokens, np.int32))
-    nats = np.asarray(self._score(self.params, batch), np.float64)
+    nats = self.nats(batch)
     perplexity, perplexity_stderr = generative_perplexity(nats, batch["editable"].sum(-1))
     entropy, entropy_stderr = sample_entropy(tokens)
     return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
             "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
 
 
-def judge_samples(config: ml_collections.ConfigDict, model, params, source, mesh) -> dict:
-  """Fresh samples of the evaluated model, scored by the AR judge of config.eval.judge_workdir."""
-  judge = Judge.from_workdir(config.eval.judge_workdir, mesh)
+def judge_samples(config: ml_collections.ConfigDict, model, params, source, judge: Judge) -> dict:
+  """Fresh samples of the evaluated model, scored by the AR judge."""
   run = generate.settings(config)
   judge.check_compatible(config, run["length"])
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)

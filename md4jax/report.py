@@ -59,6 +59,19 @@ def render(results: dict) -> str:
     lines.append(f"Estimator: {ESTIMATOR_NAMES.get(estimator, estimator)}, "
                  f"K = {results['num_mc_samples']} Monte Carlo draws per sequence. "
                  "The NELBO is an upper bound on the NLL (≤).")
+  if "side_by_side" in results:
+    pair = results["side_by_side"]
+    name = "exact NLL" if is_ar else "NELBO"
+    lines += ["", "## Side by side with the AR judge", "",
+              f"The same {results['num_sequences']} sequences and tokens scored by the AR model of "
+              f"`{pair['judge_workdir']}` (exact NLL); the difference and ratio are paired by sequence.",
+              "", "| Quantity | Value |", "|---|---|",
+              f"| this model's {name} (bits/token) | {'' if is_ar else '≤ '}{_pm(mean, stderr)} |",
+              f"| AR judge's exact NLL (bits/token) | "
+              f"{_pm(pair['judge_nll_bits_per_token'], pair['judge_nll_bits_per_token_stderr'])} |",
+              f"| difference (bits/token) | "
+              f"{_pm(pair['difference_bits_per_token'], pair['difference_bits_per_token_stderr'])} |",
+              f"| ratio {name} / AR NLL | {_pm(pair['ratio'], pair['ratio_stderr'])} |"]
   if "estimators" in results:
     lines += ["", "## Continuous-time bound by estimator", "", "Same sequences, same K; the expectation "
               "is the same, only the variance differs. The t-estimator weights the few tokens masked "

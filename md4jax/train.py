@@ -159,12 +159,16 @@ class _Setup:
       self.iterator.set_state(data_state)
 
   def evaluate(self, writer: metrics_writer.MetricsWriter, final: bool = True) -> dict:
-    """eval.json and eval.md; the final evaluation also judges samples and draws the plots."""
+    """eval.json and eval.md; the final evaluation also draws the plots and, with a judge,
+    scores the same rows and fresh samples under it."""
     eval_fn = evaluate.make_eval_fn(self.config, self.model, self.mesh)
-    results = evaluate.evaluate(self.config, eval_fn, self.state.ema_params, self.source, self.mesh)
-    if final and self.config.eval.judge_workdir:
+    judge = (evaluate.Judge.from_workdir(self.config.eval.judge_workdir, self.mesh)
+             if final and self.config.eval.judge_workdir else None)
+    results = evaluate.evaluate(self.config, eval_fn, self.state.ema_params, self.source, self.mesh,
+                                judge)
+    if judge is not None:
       results.update(evaluate.judge_samples(self.config, self.model, self.state.ema_params,
-                                            self.source, self.mesh))
+                                            self.source, judge))
     step = int(self.state.step)
     writer.write_eval(step, results)
     if jax.process_index() == 0:

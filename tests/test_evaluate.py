@@ -91,13 +91,25 @@ def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   assert "exact NLL" in report.render(results) and "≤" not in report.render(results)
 
 
-def test_loss_profile_of_the_exact_denoiser_integrates_to_the_entropy():
+def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
   config = tiny_config(num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="",
                        profile_bins=10)
   mesh = train.make_mesh(jax.devices()[:1])
   source = data.make_source(config)
   oracle = oracles.OracleDenoiser(source.language)
-  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
+  judge = evaluate.Judge(config_lib.load_config("tiny_ar"), oracles.OracleChain(source.language), {},
+                         workdir="oracle")
+  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh,
+                              judge)
+  # The continuous bound is tight for the exact denoiser: paired with the exact NLL of the
+  # same rows, the difference is zero and the ratio one, within SE.
+  pair = results["side_by_side"]
+  assert pair["judge_nll_bits_per_token"] == pytest.approx(
+      np.mean(source.true_bits_per_token_of(source.eval_batches(256, 256)[0]["tokens"])), rel=1e-4)
+  assert abs(pair["difference_bits_per_token"]) < 4 * pair["difference_bits_per_token_stderr"]
+  assert pair["difference_bits_per_token_stderr"] < results["nelbo_bits_per_token_stderr"]  # Paired.
+  assert pair["ratio"] == pytest.approx(1.0, abs=4 * pair["ratio_stderr"])
+  assert "## Side by side with the AR judge" in report.render(results)
   profile = results["loss_profile"]
   assert len(profile["bits_per_token"]) == 10 and profile["t_edges"][0] == 0 and profile["t_edges"][-1] == 1
   # With the exact denoiser the continuous bound is tight: the mean over bins is the entropy.
@@ -140,6 +152,16 @@ def test_bits_per_byte_counts_utf8_bytes(tmp_path):
   assert results["bits_per_byte"] * results["num_bytes"] == pytest.approx(
       results["bits_per_character"] * results["num_characters"])
   assert "bits/byte" in report.render(results)
+
+
+def test_judge_must_model_the_same_data():
+  config = tiny_config()
+  source = data.make_source(config)
+  judge_config = config_lib.load_config("tiny_ar")
+  judge_config.data.language_seed = 1
+  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, workdir="other")
+  with pytest.raises(ValueError, match="data.language_seed=1"):
+    judge.check_compatible(config, config.data.seq_len)
 
 
 def test_generative_perplexity_of_exact_samples_is_exp_entropy():

@@ -118,6 +118,9 @@ def test_ar_twin_judges_diffusion_samples(tmp_path):
   assert 0 < evaluation["sample_entropy"] <= 3  # At most log2(8) bits of 8 ids.
   assert evaluation["sampler"]["method"] == "ancestral" and evaluation["sampler"]["num_steps"] == 8
   assert "generative perplexity" in (model / "eval.md").read_text()
+  pair = evaluation["side_by_side"]
+  assert pair["judge_nll_bits_per_token"] == pytest.approx(ar_eval["nll_bits_per_token"], rel=1e-5)
+  assert "Side by side with the AR judge" in (model / "eval.md").read_text()
 
   result = run_cli(model, "--mode=frontier", f"--config.eval.judge_workdir={judge}",
                    "--config.frontier.num_steps=4", "--config.frontier.temperatures=0.8,1",
