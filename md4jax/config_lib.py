@@ -82,7 +82,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.estimator = "mask_count"  # NELBO estimator for eval; mask_count has bounded variance.
   config.eval.batch_size = 64  # Sequences per evaluation call, split over all devices.
   config.eval.discrete_steps = "10,50,1000"  # mdm: T of the discrete-time bounds reported beside the continuous one; "" skips them.
-  config.eval.judge_workdir = ""  # An md4jax AR workdir that scores fresh samples (generative perplexity); "" = off.
+  config.eval.judge_workdir = ""  # An md4jax AR workdir on the same data: scores the eval rows and fresh samples (generative perplexity); "" = off.
+  config.eval.num_judged_samples = 64  # Fresh samples (sample.* settings) scored by the judge; the SE is over them.
   config.eval.profile_bins = 20  # mdm: bins of t in the per-t loss profile (w(t)·CE, one draw per bin and sequence); 0 skips it.
 
   # --mode=frontier: fresh samples at every (method, num_steps, temperature), each
@@ -165,7 +166,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
                "batch_size", "data.seq_len", "data.vocab_size", "model.num_layers",
                "model.model_dim", "model.num_heads", "model.mlp_dim",
                "training.max_checkpoints_to_keep", "eval.num_sequences", "eval.num_mc_samples",
-               "eval.batch_size", "sample.num_steps"):
+               "eval.batch_size", "eval.num_judged_samples", "sample.num_steps"):
     _check_positive_int(config, name)
   for name, batch in (("batch_size", config.batch_size), ("eval.batch_size", config.eval.batch_size)):
     _check(batch % num_devices == 0,

@@ -347,7 +347,9 @@ def judge_samples(config: ml_collections.ConfigDict, model, params, source, judg
   run = generate.settings(config)
   judge.check_compatible(config, run["length"])
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)
-  tokens, nfe, _, _ = generate.generate(config, model, params, source, key)
+  judged = config.copy_and_resolve_references()
+  judged.sample.num_samples = config.eval.num_judged_samples
+  tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)
   return {**judge.score(tokens), "judge_workdir": judge.workdir,
           "num_judged_samples": int(len(tokens)), "sampler": {**run, "nfe": nfe}}
 

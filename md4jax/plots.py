@@ -12,7 +12,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # Files only: no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-import matplotlib.ticker  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # metrics.jsonl series drawn as training curves, each in its own panel.
 CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate")
@@ -104,9 +103,6 @@ def _frontier_panel(ax, results: dict, value: str, label: str):
             label="held-out data")
   ax.set_xlabel("sample entropy (bits, unigram per sample)")
   ax.set_ylabel(label)
-  ax.set_yscale("log")
-  for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-    axis(matplotlib.ticker.FormatStrFormatter("%g"))  # Plain numbers, not 8×10^0.
   ax.legend(fontsize=7)
 
 

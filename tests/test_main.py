@@ -112,7 +112,7 @@ def test_ar_twin_judges_diffusion_samples(tmp_path):
   assert ar_eval["estimator"] == "exact_nll" and "discrete_time" not in ar_eval
   assert "exact NLL (bits/token)" in (judge / "eval.md").read_text()
   run_cli(model, "--config.num_train_steps=10", "--config.sample.num_samples=0")
-  run_cli(model, "--mode=eval", f"--config.eval.judge_workdir={judge}", "--config.sample.num_samples=8")
+  run_cli(model, "--mode=eval", f"--config.eval.judge_workdir={judge}", "--config.eval.num_judged_samples=8")
   evaluation = json.loads((model / "eval.json").read_text())
   assert evaluation["num_judged_samples"] == 8 and evaluation["generative_perplexity"] > 1
   assert 0 < evaluation["sample_entropy"] <= 3  # At most log2(8) bits of 8 ids.
