@@ -166,7 +166,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
                "batch_size", "data.seq_len", "data.vocab_size", "model.num_layers",
                "model.model_dim", "model.num_heads", "model.mlp_dim",
                "training.max_checkpoints_to_keep", "eval.num_sequences", "eval.num_mc_samples",
-               "eval.batch_size", "eval.num_judged_samples", "sample.num_steps"):
+               "eval.batch_size", "sample.num_steps"):
     _check_positive_int(config, name)
   for name, batch in (("batch_size", config.batch_size), ("eval.batch_size", config.eval.batch_size)):
     _check(batch % num_devices == 0,
@@ -218,7 +218,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
   _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
   _check_list(config, "eval.discrete_steps", int, True, lambda t: t > 0,
               "positive integers (e.g. \"10,50,1000\")")
-  _check(isinstance(config.eval.profile_bins, int) and config.eval.profile_bins >= 0,
+  _check(type(config.eval.profile_bins) is int and config.eval.profile_bins >= 0,  # pylint: disable=unidiomatic-typecheck  (not bool)
          f"eval.profile_bins must be an integer >= 0 (0: off), got {config.eval.profile_bins!r}.")
   _check(isinstance(config.eval.judge_workdir, str),
          f"eval.judge_workdir must be a path string (\"\": off), got {config.eval.judge_workdir!r}.")
@@ -255,7 +255,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
          "frontier.methods has 'cached', which needs model.time_conditioning='none'.")
   _check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
   _check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
-  _check_positive_int(config, "frontier.num_samples")
+  for name in ("frontier.num_samples", "eval.num_judged_samples"):
+    value = functools.reduce(getattr, name.split("."), config)
+    _check(type(value) is int and value >= 2,  # pylint: disable=unidiomatic-typecheck  (not bool)
+           f"{name} must be an integer >= 2 (its standard error is over samples), got {value!r}.")
   _check(model.type == "mdm" or sample.length <= data.seq_len,
          f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
          "the ar baseline samples up to its context.")

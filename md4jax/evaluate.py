@@ -108,12 +108,13 @@ def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Opti
   return bounds
 
 
-def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
+def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: bool = True):
   """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b],
-  profile_nats [b, bins] (mdm with eval.profile_bins), num_tokens [b], tokens, editable}."""
+  profile_nats [b, bins] (mdm, eval.profile_bins > 0 and with_profile), num_tokens [b], tokens,
+  editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
   extras = extra_bounds(config)
-  with_profile = config.model.type == "mdm" and config.eval.profile_bins > 0
+  with_profile = with_profile and config.model.type == "mdm" and config.eval.profile_bins > 0
 
   def eval_fn(params, batch, key):
     def score(draw_key, estimator, num_steps=None):
@@ -146,7 +147,8 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh):
   return jax.jit(eval_fn, in_shardings=(replicated, batch, replicated), out_shardings=replicated)
 
 
-def _mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
+def mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
+  """The mean of independent values and its standard error (NaN for a single value)."""
   stderr = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
   return float(values.mean()), float(stderr)
 
@@ -173,11 +175,17 @@ def _bits(nats: np.ndarray, num_tokens: np.ndarray) -> dict:
 
 
 def loss_profile(nats: np.ndarray, num_tokens: np.ndarray, schedule: str) -> dict:
-  """eval.json's loss_profile from profile_nats [rows, bins]: bits/token ± SE per bin and their mean."""
+  """eval.json's loss_profile from profile_nats [rows, bins]: bits/token ± SE per bin and their mean.
+
+  The mean is the continuous bound only when the schedule needs no endpoint terms
+  (endpoint_terms_excluded False): α(0) = 1 and α(1) = 0.
+  """
   bins = nats.shape[1]
   per_bin = [_bits(nats[:, b], num_tokens) for b in range(bins)]
   mean = _bits(nats.mean(axis=1), num_tokens)  # Per row first: the bins share rows.
+  alpha = schedules.get_schedule(schedule)
   return {"schedule": schedule, "t_edges": [b / bins for b in range(bins + 1)],
+          "endpoint_terms_excluded": bool(alpha.needs_reconstruction_term or alpha.needs_prior_term),
           "bits_per_token": [f["bits_per_token"] for f in per_bin],
           "stderr": [f["stderr"] for f in per_bin],
           "mean_bits_per_token": mean["bits_per_token"], "mean_stderr": mean["stderr"]}
@@ -205,7 +213,7 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
   """
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 3)
   if judge is not None:
-    judge.check_compatible(config, config.data.seq_len)
+    judge.check_compatible(config, config.data.seq_len, what="evaluation rows")
   outputs = []
   for i, batch in enumerate(source.eval_batches(config.eval.num_sequences, config.eval.batch_size)):
     outputs.append(jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i))))
@@ -243,20 +251,23 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
   if judge is not None:
     results["side_by_side"] = side_by_side(nats, columns["judge_nats"], num_tokens, judge.workdir)
   if isinstance(source, data.TextSource):
-    # Per character and per UTF-8 byte of the decoded text, so models with different
-    # tokenizers compare.
-    texts = [source.decode(row[editable.astype(bool)]) for row, editable in zip(rows, columns["editable"])]
-    characters, num_bytes = sum(map(len, texts)), sum(len(text.encode("utf-8")) for text in texts)
+    # Per character of the decoded text and per UTF-8 byte the scored ids stand for, so
+    # models with different tokenizers compare.
+    editable = columns["editable"].astype(bool)
+    characters = sum(len(source.decode(row[keep])) for row, keep in zip(rows, editable))
     if characters:
       results["bits_per_character"] = float(nats.sum() / (math.log(2.0) * characters))
       results["num_characters"] = int(characters)
+    byte_lengths = source.tokenizer.byte_lengths  # None: the tokenizer has no exact byte count.
+    if byte_lengths is not None and editable.any():
+      num_bytes = int(byte_lengths[rows[editable]].sum())
       results["bits_per_byte"] = float(nats.sum() / (math.log(2.0) * num_bytes))
-      results["num_bytes"] = int(num_bytes)
+      results["num_bytes"] = num_bytes
   if source.true_bits_per_token is not None:
     true_bits = source.true_bits_per_token
     bits = nats / (num_tokens * math.log(2.0))
     # The excess over the exact −log2 p of the same sequences cancels their sampling noise.
-    excess, excess_stderr = _mean_and_stderr(bits - source.true_bits_per_token_of(rows))
+    excess, excess_stderr = mean_and_stderr(bits - source.true_bits_per_token_of(rows))
     results.update(true_bits_per_token=true_bits, gap_percent=100.0 * (mean - true_bits) / true_bits,
                    excess_bits_per_token=excess, excess_bits_per_token_stderr=excess_stderr)
   return results
@@ -276,7 +287,7 @@ def sample_entropy(tokens: np.ndarray) -> tuple[float, float]:
     counts = np.unique(row, return_counts=True)[1]
     p = counts / counts.sum()
     entropies.append(float(-(p * np.log2(p)).sum()))
-  return _mean_and_stderr(np.asarray(entropies))
+  return mean_and_stderr(np.asarray(entropies))
 
 
 def load_judge(judge_workdir, mesh):
@@ -301,56 +312,70 @@ def load_judge(judge_workdir, mesh):
 
 
 class Judge:
-  """An AR model of ours that scores token sequences exactly: generative perplexity."""
+  """An AR model of ours that scores token sequences exactly: generative perplexity.
 
-  def __init__(self, config: ml_collections.ConfigDict, model, params, workdir: str = ""):
-    self.config, self.model, self.params, self.workdir = config, model, params, workdir
-    self._score = jax.jit(lambda p, b: sequence_nats(p, b, None, model=model, config=config,
-                                                     estimator="exact", t_sampling="uniform"))
+  Rows are split over the mesh's data axis like the evaluation batches.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model, params, mesh, workdir: str = ""):
+    self.config, self.model, self.params, self.mesh, self.workdir = config, model, params, mesh, workdir
+    score = lambda p, b: sequence_nats(p, b, None, model=model, config=config, estimator="exact",
+                                       t_sampling="uniform")
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    self._score = jax.jit(score, in_shardings=(replicated, rows), out_shardings=replicated)
 
   @classmethod
   def from_workdir(cls, judge_workdir, mesh) -> "Judge":
-    return cls(*load_judge(judge_workdir, mesh), workdir=str(judge_workdir))
+    return cls(*load_judge(judge_workdir, mesh), mesh, workdir=str(judge_workdir))
 
-  def check_compatible(self, config: ml_collections.ConfigDict, length: int):
+  def check_compatible(self, config: ml_collections.ConfigDict, length: int, what: str = "samples"):
     """Raises ValueError unless the judge models config's data and can score `length` tokens."""
     if self.config.data.vocab_size != config.data.vocab_size:
       raise ValueError(f"The judge's vocab_size {self.config.data.vocab_size} differs from the "
                        f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
-    same_data = ["dataset", "tokenizer", "bpe_vocab_size"] if config.data.dataset != "markov" else [
-        "dataset", "language_seed", "concentration"]
+    # A char alphabet or a BPE is built from the corpus: same size does not mean same ids.
+    same_data = ["dataset", "language_seed", "concentration"] if config.data.dataset == "markov" else [
+        "dataset", "path", "tokenizer", "bpe_vocab_size", "tokenizer_path"]
     for name in same_data:
       if self.config.data[name] != config.data[name]:
-        raise ValueError(f"The judge {self.workdir or ''} was trained with data.{name}="
+        raise ValueError(f"The judge {self.workdir} was trained with data.{name}="
                          f"{self.config.data[name]!r}, the evaluated model with {config.data[name]!r}: "
-                         "its scores would not be about the same data.")
+                         "its scores would not be about the same data and token ids.")
     if length > self.config.data.seq_len:
-      raise ValueError(f"Samples of {length} tokens exceed the judge's context "
-                       f"({self.config.data.seq_len}); lower sample.length.")
+      raise ValueError(f"The {what} are {length} tokens long, past the judge's context "
+                       f"(data.seq_len={self.config.data.seq_len} in {self.workdir}).")
 
   def nats(self, batch: dict) -> np.ndarray:
-    """Exact NLL in nats of each row's editable tokens [B] under the judge."""
-    return np.asarray(self._score(self.params, batch), np.float64)
+    """Exact NLL in nats of each row's editable tokens [B] under the judge (host batch dict)."""
+    rows = batch["tokens"].shape[0]
+    missing = -rows % self.mesh.size  # Rows that are not editable fill the last device's share.
+    padded = {k: np.pad(np.asarray(v), ((0, missing), (0, 0))) for k, v in batch.items()}
+    return np.asarray(self._score(self.params, device_batch(padded, self.mesh)), np.float64)[:rows]
 
-  def score(self, tokens: np.ndarray) -> dict:
-    """Generative perplexity of tokens [n, L] under the judge and their sample entropy, ± SE."""
-    batch = data.dense_batch(np.asarray(tokens, np.int32))
-    nats = self.nats(batch)
-    perplexity, perplexity_stderr = generative_perplexity(nats, batch["editable"].sum(-1))
-    entropy, entropy_stderr = sample_entropy(tokens)
+  def score(self, tokens: np.ndarray, prompt_length: int = 0) -> dict:
+    """Generative perplexity of tokens [n, L] under the judge and their sample entropy, ± SE.
+
+    The first prompt_length tokens (a given prompt) are context only: neither scored nor counted.
+    """
+    tokens = np.asarray(tokens, np.int32)
+    batch = data.dense_batch(tokens)
+    batch["editable"][:, :prompt_length] = False
+    perplexity, perplexity_stderr = generative_perplexity(self.nats(batch), batch["editable"].sum(-1))
+    entropy, entropy_stderr = sample_entropy(tokens[:, prompt_length:])
     return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
             "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
 
 
 def judge_samples(config: ml_collections.ConfigDict, model, params, source, judge: Judge) -> dict:
-  """Fresh samples of the evaluated model, scored by the AR judge."""
+  """Fresh samples of the evaluated model (after any prompt), scored by the AR judge."""
   run = generate.settings(config)
   judge.check_compatible(config, run["length"])
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)
   judged = config.copy_and_resolve_references()
   judged.sample.num_samples = config.eval.num_judged_samples
   tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)
-  return {**judge.score(tokens), "judge_workdir": judge.workdir,
+  prompt_length = len(source.encode(config.sample.prompt)) if config.sample.prompt else 0
+  return {**judge.score(tokens, prompt_length), "judge_workdir": judge.workdir,
           "num_judged_samples": int(len(tokens)), "sampler": {**run, "nfe": nfe}}
 
 

@@ -50,9 +50,7 @@ def _point_config(config: ml_collections.ConfigDict, setting: dict) -> ml_collec
 
 def _true_figures(source, tokens: np.ndarray) -> dict:
   """Exact −log2 p per token of the rows under the data's law, and its perplexity, ± SE."""
-  bits = source.true_bits_per_token_of(tokens)
-  mean = float(bits.mean())
-  stderr = float(bits.std(ddof=1) / math.sqrt(len(bits)))
+  mean, stderr = evaluate.mean_and_stderr(source.true_bits_per_token_of(tokens))
   return {"true_bits_per_token": mean, "true_bits_per_token_stderr": stderr,
           "true_perplexity": 2.0 ** mean, "true_perplexity_stderr": 2.0 ** mean * math.log(2.0) * stderr}
 
@@ -81,6 +79,9 @@ def run(config: ml_collections.ConfigDict, model, params, source,
         judge: Optional[evaluate.Judge] = None) -> dict:
   """Samples and scores every point of the sweep; returns frontier.json's contents."""
   knows_truth = source.true_bits_per_token is not None
+  if config.sample.prompt:
+    raise ValueError("--mode=frontier compares unprompted samples with held-out rows; unset "
+                     f"sample.prompt (got {config.sample.prompt!r}).")
   if judge is None and not knows_truth:
     raise ValueError("--mode=frontier needs a judge: set --config.eval.judge_workdir to an md4jax AR "
                      f"workdir (data.dataset={config.data.dataset!r} has no known law to score by).")

@@ -71,8 +71,9 @@ def loss_profile(results: dict, path: pathlib.Path):
   fig, ax = plt.subplots(figsize=(5, 3.5))
   ax.stairs(values, edges, label="w(t)·Σ masked CE / tokens")
   ax.errorbar(centers, values, yerr=errors, fmt="none", ecolor="C0", capsize=2)
+  excluded = " (no endpoint terms)" if profile["endpoint_terms_excluded"] else ""
   ax.axhline(profile["mean_bits_per_token"], color="C1", ls="--",
-             label=f"mean over t = {profile['mean_bits_per_token']:.3f}")
+             label=f"mean over t{excluded} = {profile['mean_bits_per_token']:.3f}")
   if "true_bits_per_token" in results:
     ax.axhline(results["true_bits_per_token"], color="k", ls=":", label="true entropy")
   ax.set_xlim(0, 1)
@@ -140,4 +141,8 @@ def write_all(workdir) -> list[pathlib.Path]:
   if results and results.get("loss_profile"):
     loss_profile(results, out / "loss_profile.png")
     written.append(out / "loss_profile.png")
+  frontier_path = workdir / "frontier.json"
+  if frontier_path.is_file():
+    frontier(json.loads(frontier_path.read_text()), out / "frontier.png")
+    written.append(out / "frontier.png")
   return written

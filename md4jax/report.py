@@ -93,9 +93,10 @@ def render(results: dict) -> str:
     edges = profile["t_edges"]
     lines += ["", "## Per-t loss profile", "",
               f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
-              f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of the "
-              f"continuous bound without endpoint terms: "
-              f"{_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.", "",
+              f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of "
+              + ("the schedule's part of the bound (its endpoint terms, not shown, make up the rest)"
+                 if profile["endpoint_terms_excluded"] else "the continuous bound")
+              + f": {_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.", "",
               "| t | bits/token |", "|---|---|"]
     for lo, hi, value, stderr in zip(edges, edges[1:], profile["bits_per_token"], profile["stderr"]):
       lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")

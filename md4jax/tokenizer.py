@@ -15,6 +15,7 @@ no text of its own: `decode` renders it as a newline, the document separator of
 local text files, so decoded samples show one document per line.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -110,6 +111,11 @@ class CharTokenizer:
     chars = np.where(ids == self.eos_id, "\n", self._chars[np.minimum(ids, len(self.alphabet) - 1)])
     return "".join(chars.tolist())
 
+  @functools.cached_property
+  def byte_lengths(self) -> np.ndarray:
+    """UTF-8 bytes each id stands for [vocab_size]; EOS is one (a line break)."""
+    return np.asarray([len(c.encode("utf-8")) for c in self.alphabet] + [1] * (self.eos_id is not None))
+
   def to_json(self) -> dict:
     return {"md4jax_tokenizer": self.kind, "alphabet": self.alphabet,
             "eos": self.eos_id is not None}
@@ -137,6 +143,11 @@ class ByteTokenizer:
     # A sample may cut a multi-byte character; show U+FFFD rather than fail.
     raw = np.where(ids == self.eos_id, ord("\n"), ids).astype(np.uint8).tobytes()
     return raw.decode("utf-8", errors="replace")
+
+  @functools.cached_property
+  def byte_lengths(self) -> np.ndarray:
+    """One byte per id; EOS is one (a line break)."""
+    return np.ones(self.vocab_size, np.int64)
 
   def to_json(self) -> dict:
     return {"md4jax_tokenizer": self.kind, "eos": self.eos_id is not None}
@@ -196,6 +207,24 @@ class BpeTokenizer:
       raise RuntimeError(f"Could not fetch the {name!r} tokenizer from the Hugging Face Hub ({e}). "
                          "Offline, download its tokenizer.json elsewhere and set "
                          "config.data.tokenizer_path to it.") from e
+
+  @functools.cached_property
+  def byte_lengths(self) -> Optional[np.ndarray]:
+    """UTF-8 bytes each id stands for [vocab_size] for byte-level BPEs (GPT-2's, ours), else None.
+
+    A byte-level token is spelled with one symbol per byte; EOS counts one byte (a
+    line break), other special tokens their text. WordPiece and the like add and
+    drop spaces when decoding, so their ids have no exact byte count.
+    """
+    from tokenizers import decoders  # pylint: disable=g-import-not-at-top
+    if not isinstance(self.tokenizer.decoder, decoders.ByteLevel):
+      return None
+    special = {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+    lengths = np.zeros(self.vocab_size, np.int64)
+    for i in range(self.vocab_size):
+      token = self.tokenizer.id_to_token(i) or ""
+      lengths[i] = 1 if i == self.eos_id else len(special[i].encode("utf-8")) if i in special else len(token)
+    return lengths
 
   def to_json(self) -> dict:
     return json.loads(self.tokenizer.to_str())

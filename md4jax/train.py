@@ -161,7 +161,8 @@ class _Setup:
   def evaluate(self, writer: metrics_writer.MetricsWriter, final: bool = True) -> dict:
     """eval.json and eval.md; the final evaluation also draws the plots and, with a judge,
     scores the same rows and fresh samples under it."""
-    eval_fn = evaluate.make_eval_fn(self.config, self.model, self.mesh)
+    # The per-t profile is a picture of the final model: periodic evaluations skip its cost.
+    eval_fn = evaluate.make_eval_fn(self.config, self.model, self.mesh, with_profile=final)
     judge = (evaluate.Judge.from_workdir(self.config.eval.judge_workdir, self.mesh)
              if final and self.config.eval.judge_workdir else None)
     results = evaluate.evaluate(self.config, eval_fn, self.state.ema_params, self.source, self.mesh,

@@ -113,7 +113,9 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(frontier__num_steps="8,0"), r"frontier.num_steps must be distinct positive integers"),
     (dict(frontier__temperatures="1,0"), r"frontier.temperatures must be distinct temperatures > 0"),
     (dict(frontier__temperatures="1,hot"), r"frontier.temperatures must be distinct temperatures > 0"),
-    (dict(frontier__num_samples=0), r"frontier.num_samples must be a positive integer"),
+    (dict(frontier__num_samples=1), r"frontier.num_samples must be an integer >= 2"),
+    (dict(eval__num_judged_samples=1), r"eval.num_judged_samples must be an integer >= 2"),
+    (dict(eval__profile_bins=True), r"eval.profile_bins must be an integer >= 0"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
 ])
 def test_bad_values_raise_clear_errors(overrides, match):

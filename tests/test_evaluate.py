@@ -98,7 +98,7 @@ def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
   source = data.make_source(config)
   oracle = oracles.OracleDenoiser(source.language)
   judge = evaluate.Judge(config_lib.load_config("tiny_ar"), oracles.OracleChain(source.language), {},
-                         workdir="oracle")
+                         train.make_mesh(), workdir="oracle")  # Judge rows over all 8 devices.
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh,
                               judge)
   # The continuous bound is tight for the exact denoiser: paired with the exact NLL of the
@@ -119,6 +119,35 @@ def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
   first, last = profile["bits_per_token"][0], profile["bits_per_token"][-1]
   assert last - first > 4 * math.hypot(profile["stderr"][0], profile["stderr"][-1])
   assert "## Per-t loss profile" in report.render(results)
+
+
+class _AlphaRecorder:
+  """A uniform 'denoiser' that records the α(t) it is called with."""
+
+  def __init__(self, vocab_size):
+    self.vocab_size, self.alphas = vocab_size, []
+
+  def apply(self, variables, z_t, alpha, segments=None, positions=None):
+    del variables, segments, positions
+    jax.debug.callback(lambda a: self.alphas.append(np.asarray(a)), alpha, ordered=True)
+    return jnp.zeros(z_t.shape + (self.vocab_size,))
+
+
+def test_profile_draws_t_inside_each_bin():
+  config = tiny_config(profile_bins=5)
+  recorder = _AlphaRecorder(config.data.vocab_size)
+  batch = data.make_source(config).eval_batches(64, 64)[0]
+  nats = evaluate.profile_nats({}, batch, jax.random.PRNGKey(0), model=recorder, config=config)
+  assert nats.shape == (64, 5)
+  assert len(recorder.alphas) == 5
+  for b, alpha in enumerate(recorder.alphas):  # Linear: t = 1 − α.
+    t = 1.0 - alpha
+    assert np.all((t > b / 5 - 1e-6) & (t <= (b + 1) / 5 + 1e-6)), (b, t.min(), t.max())
+    assert t.max() - t.min() > 0.1  # Spread over the bin, not one point.
+  # Uniform logits: w(t)·Σ masked CE = (masked / t)·log V, whose mean is L·log V in every bin
+  # (bin 0, near t = 0, is too heavy-tailed to check on 64 rows).
+  means = np.asarray(nats)[:, 1:].mean(axis=0)
+  np.testing.assert_allclose(means, 16 * np.log(8), rtol=0.2)
 
 
 def test_profile_mean_agrees_with_the_t_estimator():
@@ -148,7 +177,12 @@ def test_bits_per_byte_counts_utf8_bytes(tmp_path):
   source = data.make_source(config, str(tmp_path / "work"))
   mesh, model, params = untrained(config)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
-  assert results["num_bytes"] > results["num_characters"] > 0  # Accented letters take 2 bytes.
+  # The scored rows' own text, counted independently: EOS reads as a line break.
+  rows = np.concatenate([b["tokens"][b["editable"].astype(bool)]
+                         for b in source.eval_batches(16, config.eval.batch_size)])
+  row_text = "".join(source.tokenizer.alphabet[i] if i < len(source.tokenizer.alphabet) else "\n"
+                     for i in rows)
+  assert results["num_bytes"] == len(row_text.encode("utf-8")) > results["num_characters"] == len(row_text)
   assert results["bits_per_byte"] * results["num_bytes"] == pytest.approx(
       results["bits_per_character"] * results["num_characters"])
   assert "bits/byte" in report.render(results)
@@ -159,7 +193,8 @@ def test_judge_must_model_the_same_data():
   source = data.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
   judge_config.data.language_seed = 1
-  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, workdir="other")
+  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {},
+                         train.make_mesh(jax.devices()[:1]), workdir="other")
   with pytest.raises(ValueError, match="data.language_seed=1"):
     judge.check_compatible(config, config.data.seq_len)
 

@@ -10,6 +10,7 @@ from md4jax import config_lib
 from md4jax import data
 from md4jax import evaluate
 from md4jax import frontier
+from md4jax import train
 
 import oracles
 
@@ -24,7 +25,8 @@ def oracle_setup(model_type="mdm", **frontier_overrides):
   config_lib.validate_config(config, num_devices=1)
   source = data.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
-  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, workdir="oracle")
+  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, train.make_mesh(),
+                         workdir="oracle")
   return config, source, judge
 
 
@@ -88,6 +90,9 @@ def test_without_judge_scores_by_the_true_law_or_fails():
 
   with pytest.raises(ValueError, match="eval.judge_workdir"):
     frontier.run(config, oracles.OracleDenoiser(source.language), {}, UnknownLaw())
+  config.sample.prompt = "1 2"
+  with pytest.raises(ValueError, match="unset sample.prompt"):
+    frontier.run(config, oracles.OracleDenoiser(source.language), {}, source)
 
 
 def test_judge_rejects_other_vocabularies():
@@ -96,6 +101,22 @@ def test_judge_rejects_other_vocabularies():
   with pytest.raises(ValueError, match="vocab_size 8 differs"):
     judge.check_compatible(config, 16)
   config.data.vocab_size = 8
-  with pytest.raises(ValueError, match="exceed the judge's context"):
+  with pytest.raises(ValueError, match=r"The samples are 17 tokens long, past the judge's context"):
     judge.check_compatible(config, 17)
-  assert np.isfinite(judge.score(np.zeros((2, 16), np.int32))["generative_perplexity"])
+
+
+def test_judge_scores_rows_exactly_over_the_mesh_and_skips_the_prompt():
+  _, source, judge = oracle_setup()
+  language = source.language
+  # 3 rows on 8 devices: padded to 8, the padding dropped.
+  tokens = np.array([[0] * 16, [1] * 16, [0, 1] * 8], np.int32)
+  log_p = np.asarray(language.log_prob(tokens), np.float64)
+  np.testing.assert_allclose(judge.nats(data.dense_batch(tokens)), -log_p, rtol=1e-5)
+  perplexity = judge.score(tokens)["generative_perplexity"]
+  assert perplexity == pytest.approx(math.exp(-log_p.sum() / tokens.size), rel=1e-5)
+  # With a 4-token prompt only the 12 tokens after it count: −log p(x_4: | x_:4).
+  prompt_nats = -np.asarray(language.log_prob(tokens[:, :4]), np.float64)
+  scored = judge.score(tokens, prompt_length=4)
+  assert scored["generative_perplexity"] == pytest.approx(
+      math.exp((-log_p - prompt_nats).sum() / (3 * 12)), rel=1e-5)
+  assert scored["sample_entropy"] == pytest.approx(np.mean([0.0, 0.0, 1.0]))  # Over the 12 tokens.

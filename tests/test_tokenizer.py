@@ -125,3 +125,21 @@ def test_make_tokenizer_errors(kwargs, error, match):
   kind = kwargs.pop("kind")
   with pytest.raises(error, match=match):
     tokenizer_lib.make_tokenizer(kind, **kwargs)
+
+
+def test_byte_lengths_count_the_utf8_bytes_of_encoded_text():
+  docs = _documents() + ["ünseen 😀 emoji and ß"]
+  text = "\n".join(docs)
+  tokenizers = [BpeTokenizer.train(docs, vocab_size=320), CharTokenizer.from_texts([text]),
+                ByteTokenizer()]
+  for tok in tokenizers:
+    for doc in docs[:20] + docs[-1:]:
+      assert tok.byte_lengths[tok.encode(doc)].sum() == len(doc.encode("utf-8")), (tok.kind, doc)
+    assert tok.byte_lengths[tok.eos_id] == 1  # EOS reads as a line break.
+
+
+def test_byte_lengths_are_unknown_for_wordpiece():
+  from tokenizers import Tokenizer, decoders, models  # pylint: disable=g-import-not-at-top
+  wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+  wordpiece.decoder = decoders.WordPiece()
+  assert BpeTokenizer(wordpiece).byte_lengths is None
