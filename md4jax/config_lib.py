@@ -123,6 +123,11 @@ def load_config(name: str) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
+def _value(config, name: str):
+  """The value of a dotted key such as "eval.discrete_steps"."""
+  return functools.reduce(getattr, name.split("."), config)
+
+
 def parse_list(text: str, kind=int) -> tuple:
   """The comma-separated values of a config string, converted by `kind` ("" = none)."""
   return tuple(kind(part) for part in text.split(",") if part.strip())
@@ -133,7 +138,7 @@ OR_EMPTY = ' (or "" for none)'
 
 def _check_list(config, name: str, kind, allow_empty: bool, is_valid, what: str):
   """A comma-separated list key: parses, values valid and distinct."""
-  text = functools.reduce(getattr, name.split("."), config)
+  text = _value(config, name)
   try:
     values = parse_list(text, kind) if isinstance(text, str) else None
   except ValueError:
@@ -151,7 +156,7 @@ def _check(condition: bool, message: str):
 
 
 def _check_positive_int(config, name: str):
-  value = functools.reduce(getattr, name.split("."), config)
+  value = _value(config, name)
   _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
          f"{name} must be a positive integer, got {value!r}.")
 
@@ -256,7 +261,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int):
   _check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
   _check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
   for name in ("frontier.num_samples", "eval.num_judged_samples"):
-    value = functools.reduce(getattr, name.split("."), config)
+    value = _value(config, name)
     _check(type(value) is int and value >= 2,  # pylint: disable=unidiomatic-typecheck  (not bool)
            f"{name} must be an integer >= 2 (its standard error is over samples), got {value!r}.")
   _check(model.type == "mdm" or sample.length <= data.seq_len,

@@ -56,9 +56,11 @@ def _true_figures(source, tokens: np.ndarray) -> dict:
 
 
 def _scores(tokens: np.ndarray, judge: Optional[evaluate.Judge], source, knows_truth: bool) -> dict:
-  scores = judge.score(tokens) if judge is not None else {
-      name: value for name, value in zip(("sample_entropy", "sample_entropy_stderr"),
-                                         evaluate.sample_entropy(tokens))}
+  if judge is not None:
+    scores = judge.score(tokens)
+  else:
+    entropy, entropy_stderr = evaluate.sample_entropy(tokens)
+    scores = {"sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
   if knows_truth:
     scores.update(_true_figures(source, tokens))
   return scores
@@ -85,7 +87,8 @@ def run(config: ml_collections.ConfigDict, model, params, source,
   if judge is None and not knows_truth:
     raise ValueError("--mode=frontier needs a judge: set --config.eval.judge_workdir to an md4jax AR "
                      f"workdir (data.dataset={config.data.dataset!r} has no known law to score by).")
-  length = generate.settings(config)["length"]
+  run_settings = generate.settings(config)
+  length = run_settings["length"]
   if judge is not None:
     judge.check_compatible(config, length)
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 6)
@@ -99,7 +102,7 @@ def run(config: ml_collections.ConfigDict, model, params, source,
     print(json.dumps(points[-1]))
   results = {"model_type": config.model.type, "num_samples": config.frontier.num_samples,
              "length": length, "judge_workdir": judge.workdir if judge else None, "points": points,
-             "sampler": {k: v for k, v in generate.settings(config).items()
+             "sampler": {k: v for k, v in run_settings.items()
                          if k not in ("method", "num_steps", "temperature")}}
   reference = _reference_rows(config, source, length)
   if reference is not None:

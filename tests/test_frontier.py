@@ -53,6 +53,8 @@ def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):
   assert exact["generative_perplexity"] == pytest.approx(truth, abs=3 * exact["generative_perplexity_stderr"])
   # The judge is the true chain: its perplexity is the exact one.
   assert exact["generative_perplexity"] == pytest.approx(exact["true_perplexity"], rel=1e-4)
+  # Equal-length rows: the judge's ratio SE and the true law's delta-method SE are one quantity.
+  assert exact["generative_perplexity_stderr"] == pytest.approx(exact["true_perplexity_stderr"], rel=1e-3)
   # Held-out rows are exact draws too: the same point within SE.
   reference = results["data"]
   assert reference["num_rows"] == 256
