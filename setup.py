@@ -28,6 +28,8 @@ setuptools.setup(
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.11"],
+        # libtpu: TPU VMs, and the TPU compiler that md4jax.aot (and its tests) use on any machine.
+        "tpu": ["jax[tpu]>=0.10,<0.12"],
         "tf": ["tensorflow-cpu>=2.18"],
     },
 )

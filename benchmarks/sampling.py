@@ -20,7 +20,8 @@ import jax
 from md4jax import config_lib
 from md4jax import sampling
 from md4jax import schedules
-from md4jax import train
+from md4jax import sharding
+from md4jax import state as state_lib
 
 _SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Model size (config name).")
 _LENGTH = flags.DEFINE_integer("length", None, "Sequence length; default: the config's seq_len.")
@@ -34,9 +35,10 @@ def main(argv):
   del argv
   config = config_lib.load_config(_SIZE.value)
   length = _LENGTH.value or config.data.seq_len
-  model = train.build_model(config)
+  model = state_lib.build_model(config)
   mask_id = config.data.vocab_size
-  params = train.init_state(config, model, train.make_optimizer(config), train.make_mesh()).params
+  params = state_lib.init_state(config, model, state_lib.make_optimizer(config),
+                                sharding.make_mesh(config)).params
   schedule = schedules.get_schedule(config.diffusion.schedule)
   results = []
   for method in _METHODS.value:

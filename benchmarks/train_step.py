@@ -21,8 +21,9 @@ import numpy as np
 
 from md4jax import config_lib
 from md4jax import data
-from md4jax import evaluate
 from md4jax import model as model_lib
+from md4jax import sharding
+from md4jax import state as state_lib
 from md4jax import train
 
 _SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Model size (config name).")
@@ -51,13 +52,13 @@ def main(argv):
   config = config_lib.load_config(_SIZE.value)
   if _BATCH_SIZE.value is not None or _SIZE.value == "text8":
     config.batch_size = _BATCH_SIZE.value or _CPU_TEXT8_BATCH
-  mesh = train.make_mesh()
-  config_lib.validate_config(config, mesh.size)
-  model, optimizer = train.build_model(config), train.make_optimizer(config)
-  state = train.init_state(config, model, optimizer, mesh)
+  mesh = sharding.make_mesh(config)
+  config_lib.validate_config(config, mesh.devices.size, mesh.devices.flat[0].platform)
+  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
+  state = state_lib.init_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
   shape = (config.batch_size, config.data.seq_len)
-  batches = [evaluate.device_batch(data.dense_batch(np.random.default_rng(i).integers(
+  batches = [sharding.device_batch(data.dense_batch(np.random.default_rng(i).integers(
       0, config.data.vocab_size, shape, dtype=np.int32)), mesh) for i in range(2)]
   start = time.perf_counter()
   state, metrics = step_fn(state, batches[0])
@@ -80,7 +81,7 @@ def main(argv):
       "params": model_lib.count_params(state.params),
       "batch_size": config.batch_size,
       "seq_len": config.data.seq_len,
-      "devices": f"{mesh.size} x {jax.devices()[0].device_kind}",
+      "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
       "compile_seconds": round(compile_seconds, 2),
       "timed_steps": _STEPS.value,
       "seconds_per_step": seconds / _STEPS.value,

@@ -1,6 +1,10 @@
 r"""MD4 on text8 with the paper's settings: sequence 256, 12 layers, width 768, 12 heads,
 linear schedule, AdamW 3e-4, batch 512, warmup 2000, EMA 0.9999, 1M steps.
 
+Check that it fits a TPU slice on any CPU machine (pip install -e ".[tpu]"):
+
+  JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/text8.py --topology=v5e:2x2
+
   python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8 \
       --config.data.path=/path/to/text8
 
@@ -41,6 +45,11 @@ def get_config(variant: str = ""):
   config.model.num_heads = 12
   # SwiGLU at 2048 matches the parameters of a 4x (3072) GELU MLP.
   config.model.mlp_dim = 2048
+  # Accelerator settings: bfloat16 compute, blocks under nn.scan, weight-matmul outputs kept
+  # for the backward pass (fits a v5e-4 at batch 512: python -m md4jax.aot --topology=v5e:2x2).
+  config.model.dtype = "bfloat16"
+  config.model.scan_layers = True
+  config.model.remat = "save_dots"
   config.diffusion.schedule = "linear"
   config.optimizer.learning_rate = 3e-4
   config.optimizer.warmup_steps = 2000
@@ -62,6 +71,9 @@ def get_config(variant: str = ""):
     config.model.model_dim = 192
     config.model.num_heads = 3
     config.model.mlp_dim = 512
+    config.model.dtype = "float32"  # CPUs have no fast bfloat16 matmuls.
+    config.model.scan_layers = False
+    config.model.remat = "none"
     config.optimizer.learning_rate = 1e-3  # A small model tolerates a higher peak rate.
     config.optimizer.warmup_steps = 200
     config.optimizer.ema_decay = 0.999

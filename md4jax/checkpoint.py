@@ -1,4 +1,4 @@
-"""Orbax checkpoints: one folder per step under WORKDIR/checkpoints, holding the
+"""Orbax checkpoints: one folder per step in the workdir's checkpoints/, holding the
 train state, the data-iterator state and the config.
 
 Saves are asynchronous: `save` returns once the arrays are copied to host and
@@ -8,22 +8,19 @@ it is complete (orbax writes to a temporary folder and renames it).
 """
 
 import json
-import pathlib
 from typing import Any, Optional
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
-
-def checkpoint_dir(workdir) -> pathlib.Path:
-  return pathlib.Path(workdir) / "checkpoints"
+from md4jax import workdir as workdir_lib
 
 
 def make_manager(workdir, max_to_keep: int) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True,
                                          create=True)
-  return ocp.CheckpointManager(checkpoint_dir(workdir).absolute(), options=options,
+  return ocp.CheckpointManager(workdir_lib.as_workdir(workdir).checkpoints.absolute(), options=options,
                                item_names=("state", "data", "config"))
 
 

@@ -12,8 +12,10 @@ import pathlib
 import ml_collections
 
 from md4jax import diffusion
+from md4jax import model as model_lib
 from md4jax import sampling
 from md4jax import schedules
+from md4jax import sharding
 
 DATASETS = ("markov", "text8", "localtext", "conditional", "lm1b", "owt")
 TOKENIZERS = ("char", "byte", "bpe")
@@ -58,7 +60,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 4  # Attention heads; model_dim / num_heads must be even (RoPE).
   config.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
   config.model.time_conditioning = "none"  # "none" (time-free denoiser) or "adaln" (adaLN-Zero on alpha(t)); "ar" needs "none".
-  config.model.dtype = "float32"  # Compute dtype, "float32" or "bfloat16"; params are always float32.
+  config.model.dtype = "float32"  # Compute dtype, "float32" or "bfloat16"; params and optimizer state are always float32.
+  config.model.attention = "xla"  # "xla" (any platform), "cudnn" (GPU flash attention, bfloat16) or "splash" (TPU Pallas kernel).
+  config.model.remat = "none"  # Recompute block activations in the backward pass: "none", "full" or "save_dots" (keeps weight-matmul outputs).
+  config.model.scan_layers = False  # Run the blocks under nn.scan (params stacked per layer): compile time flat in depth.
+
+  # Device mesh (md4jax.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # Data parallel: whole params per device group.
+  config.mesh.fsdp = 1  # Data parallel with params, optimizer state and EMA sharded on the model dimension.
+  config.mesh.tensor = 1  # Tensor parallel: attention heads and MLP width split.
 
   config.diffusion = ml_collections.ConfigDict()
   config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK.
@@ -75,6 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.training = ml_collections.ConfigDict()
   config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
+  config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.
 
   config.eval = ml_collections.ConfigDict()
   config.eval.num_sequences = 256  # Held-out sequences; the standard error is over them.
@@ -165,17 +177,61 @@ def _check_choice(value, name: str, choices):
   _check(value in choices, f"{name}={value!r} is unknown; valid: {', '.join(choices)}.")
 
 
-def validate_config(config: ml_collections.ConfigDict, num_devices: int):
-  """Raises ValueError naming the key for any invalid or inconsistent value."""
+def _validate_parallelism(config: ml_collections.ConfigDict, num_devices: int, platform: str):
+  """The mesh fits the devices and splits the batch, the model and the attention backend fit it."""
+  for name in sharding.MESH_AXES:
+    value = config.mesh[name]
+    _check(type(value) is int and (value > 0 or value == -1),  # pylint: disable=unidiomatic-typecheck  (not bool)
+           f"mesh.{name} must be a positive integer or -1 (the remaining devices), got {value!r}.")
+  data, fsdp, tensor = sharding.mesh_shape(config.mesh, num_devices)
+  model, batch_shards = config.model, data * fsdp
+  accum = config.training.grad_accum_steps
+  _check(type(accum) is int and accum >= 1,  # pylint: disable=unidiomatic-typecheck  (not bool)
+         f"training.grad_accum_steps must be an integer >= 1, got {accum!r}.")
+  _check(config.batch_size % (accum * batch_shards) == 0,
+         f"batch_size={config.batch_size} must split into training.grad_accum_steps={accum} "
+         f"microbatches of rows divisible by mesh.data × mesh.fsdp = {batch_shards}.")
+  _check(config.eval.batch_size % batch_shards == 0,
+         f"eval.batch_size={config.eval.batch_size} is not divisible by mesh.data × mesh.fsdp = "
+         f"{batch_shards}, the devices its rows are split over.")
+  _check(model.model_dim % fsdp == 0,
+         f"model.model_dim={model.model_dim} is not divisible by mesh.fsdp={fsdp}, which shards it.")
+  for name in ("num_heads", "mlp_dim"):
+    _check(model[name] % tensor == 0,
+           f"model.{name}={model[name]} is not divisible by mesh.tensor={tensor}, which splits it.")
+  _check_choice(model.attention, "model.attention", model_lib.ATTENTIONS)
+  _check_choice(model.remat, "model.remat", model_lib.REMATS)
+  _check(isinstance(model.scan_layers, bool),
+         f"model.scan_layers must be true or false, got {model.scan_layers!r}.")
+  head_dim = model.model_dim // model.num_heads
+  if model.attention == "cudnn":
+    _check(platform in ("gpu", "cuda"),
+           f"model.attention='cudnn' runs on NVIDIA GPUs only; this run's devices are {platform!r}: "
+           "use 'xla'.")
+    _check(model.dtype == "bfloat16",
+           f"model.attention='cudnn' (flash attention) needs model.dtype='bfloat16', got {model.dtype!r}.")
+    _check(head_dim % 8 == 0 and head_dim <= 128,
+           f"model.attention='cudnn' needs a head dim (model_dim / num_heads) that is a multiple of 8 "
+           f"and at most 128, got {head_dim}.")
+  if model.attention == "splash":
+    _check(platform == "tpu",
+           f"model.attention='splash' is a TPU kernel; this run's devices are {platform!r}: use 'xla'.")
+    _check(config.data.seq_len % 128 == 0,
+           f"model.attention='splash' needs data.seq_len divisible by 128, got {config.data.seq_len}.")
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: int, platform: str = "cpu"):
+  """Raises ValueError naming the key for any invalid or inconsistent value.
+
+  num_devices and platform ("cpu", "gpu", "tpu") are those of the mesh the run uses.
+  """
   for name in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
                "batch_size", "data.seq_len", "data.vocab_size", "model.num_layers",
                "model.model_dim", "model.num_heads", "model.mlp_dim",
                "training.max_checkpoints_to_keep", "eval.num_sequences", "eval.num_mc_samples",
                "eval.batch_size", "sample.num_steps"):
     _check_positive_int(config, name)
-  for name, batch in (("batch_size", config.batch_size), ("eval.batch_size", config.eval.batch_size)):
-    _check(batch % num_devices == 0,
-           f"{name}={batch} is not divisible by the {num_devices} devices the batch is split over.")
+  _validate_parallelism(config, num_devices, platform)
 
   data = config.data
   _check_choice(data.dataset, "data.dataset", DATASETS)

@@ -65,32 +65,39 @@ class BatchIterator:
 
 
 class MarkovSource:
-  """Sequences of `groundtruth.MarkovLanguage`, whose exact entropy is known."""
+  """Sequences of `groundtruth.MarkovLanguage`, whose exact entropy is known.
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  shard = (index, count): this process holds rows [index·B/count, (index+1)·B/count) of every
+  global batch of B rows, training or evaluation.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, shard: tuple[int, int] = (0, 1)):
     data = config.data
     self.language = groundtruth.MarkovLanguage(data.vocab_size, seed=data.language_seed,
                                                concentration=data.concentration)
     self.seq_len = data.seq_len
-    self.batch_size = config.batch_size // jax.process_count()
+    self.global_batch_size = config.batch_size
+    self.shard_index, self.shard_count = shard
     self._train_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-    if jax.process_count() > 1:  # Each process draws its own rows.
-      self._train_key = jax.random.fold_in(self._train_key, jax.process_index())
     # Evaluation sequences depend on the language only, so runs with different seeds compare.
     self._eval_key = jax.random.fold_in(jax.random.PRNGKey(data.language_seed), 2)
 
   def batch(self, index: int) -> dict:
+    """This process's rows of global batch `index`: the same rows on any process layout."""
     key = jax.random.fold_in(self._train_key, index)
-    return dense_batch(self.language.sample(key, self.batch_size, self.seq_len))
+    rows = np.asarray(self.language.sample(key, self.global_batch_size, self.seq_len))
+    size = self.global_batch_size // self.shard_count
+    return dense_batch(rows[self.shard_index * size:(self.shard_index + 1) * size])
 
   def train_iterator(self) -> BatchIterator:
     return BatchIterator(self)
 
   def eval_batches(self, num_sequences: int, batch_size: int) -> list:
-    """This process's share of the evaluation rows (every process draws the same rows)."""
+    """This process's block of each global evaluation batch (every process draws the same rows)."""
     rows = np.asarray(self.language.sample(self._eval_key, num_sequences, self.seq_len))
-    count = jax.process_count()
-    return _padded_batches(rows[jax.process_index()::count], batch_size // count)
+    size = batch_size // self.shard_count
+    return [{k: v[self.shard_index * size:(self.shard_index + 1) * size] for k, v in batch.items()}
+            for batch in _padded_batches(rows, batch_size)]
 
   @property
   def true_bits_per_token(self) -> Optional[float]:
@@ -124,8 +131,10 @@ class TextSource:
 
   true_bits_per_token = None  # Real text: the entropy is unknown.
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: Optional[str]):
+  def __init__(self, config: ml_collections.ConfigDict, workdir: Optional[str],
+               shard: tuple[int, int] = (0, 1)):
     self.config = config
+    self.shard_index, self.shard_count = shard
     self.data = pipeline.load_data(config, workdir)
     self.tokenizer = self.data.tokenizer
     if self.tokenizer.vocab_size != config.data.vocab_size:
@@ -135,12 +144,14 @@ class TextSource:
           f"{self.tokenizer.vocab_size} (the mask id is one past the last token id).")
 
   def train_iterator(self) -> pipeline.TrainIterator:
-    return self.data.train_iterator(batch_size=self.config.batch_size // jax.process_count(),
-                                    seed=self.config.seed, worker_count=self.config.data.worker_count)
+    return self.data.train_iterator(batch_size=self.config.batch_size // self.shard_count,
+                                    seed=self.config.seed, worker_count=self.config.data.worker_count,
+                                    shard_index=self.shard_index, shard_count=self.shard_count)
 
   def eval_batches(self, num_sequences: int, batch_size: int):
     """The first batches of the validation split's rows, enough for num_sequences rows."""
-    batches = self.data.eval_batches(batch_size=batch_size // jax.process_count())
+    batches = self.data.eval_batches(batch_size=batch_size // self.shard_count,
+                                     shard_index=self.shard_index, shard_count=self.shard_count)
     return itertools.islice(batches, -(-num_sequences // batch_size))
 
   def true_bits_per_token_of(self, tokens: np.ndarray) -> Optional[np.ndarray]:
@@ -157,8 +168,12 @@ class TextSource:
     return np.asarray(self.tokenizer.encode(text), np.int32)
 
 
-def make_source(config: ml_collections.ConfigDict, workdir: Optional[str] = None):
-  """The data source named by config.data.dataset (text tokenizers are saved in workdir)."""
+def make_source(config: ml_collections.ConfigDict, workdir=None, shard: tuple[int, int] = (0, 1)):
+  """The data source named by config.data.dataset (text tokenizers are saved in workdir).
+
+  shard = (index, count): the block of every global batch this process holds
+  (`md4jax.sharding.process_batch_shard`); (0, 1) holds the whole batch.
+  """
   if config.data.dataset == "markov":
-    return MarkovSource(config)
-  return TextSource(config, None if workdir is None else str(workdir))
+    return MarkovSource(config, shard)
+  return TextSource(config, None if workdir is None else str(workdir), shard)

@@ -1,13 +1,7 @@
 """Evaluation: NELBO or exact AR NLL, with a standard error; discrete-T bounds; a judge.
 
-It takes the params to use (the trainer passes the EMA params). Losses of the
-two model types live here too, so training and evaluation score sequences the
-same way.
-
-The AR model scores all L tokens: its input is [BOS, x_0, ..., x_{L-2}] with
-BOS = vocab_size (the id the denoiser's embedding reserves for the mask, which
-a causal model never sees otherwise), and its target is x. Its NLL per token is
-then comparable to the diffusion NELBO per token.
+It takes the params to use (the trainer passes the EMA params) and scores
+rows with `md4jax.objective`, the same per-sequence objective training uses.
 
 Besides the headline bound (config.eval.estimator), an mdm evaluation measures,
 on the same rows, the continuous bound with both the t-estimator and the
@@ -22,51 +16,23 @@ perplexity can just be low entropy.
 
 import json
 import math
-import pathlib
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import data
 from md4jax import diffusion
 from md4jax import generate
+from md4jax import objective
 from md4jax import schedules
-
-
-def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
-                  estimator: str, t_sampling: str, num_steps: Optional[int] = None) -> jax.Array:
-  """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
-
-  batch["editable"] excludes padding and a conditional example's prompt, which
-  the model reads (same segment) but never predicts.
-  """
-  tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
-  editable = batch["editable"].astype(bool)
-  vocab_size = config.data.vocab_size
-  if config.model.type == "ar":
-    # Each document starts from BOS: a packed document never reads its predecessor's end.
-    inputs = jnp.where(positions == 0, vocab_size, generate.ar_inputs(tokens, vocab_size))
-    logits = model.apply({"params": params}, inputs, None, segments, positions)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
-    return jnp.where(editable, nll, 0.0).sum(-1)
-  return diffusion.nelbo(key, _denoiser(model, params, batch), tokens,
-                         schedules.get_schedule(config.diffusion.schedule), mask_id=vocab_size,
-                         editable=editable, estimator=estimator, t_sampling=t_sampling,
-                         num_steps=num_steps)
-
-
-def _denoiser(model, params, batch: dict):
-  """denoise_fn(z_t, alpha_t) -> logits of the mdm model on the batch's documents."""
-  segments, positions = batch["segment_ids"], batch["positions"]
-  return lambda z_t, alpha_t: model.apply({"params": params}, z_t, alpha_t, segments, positions)
+from md4jax import sharding
+from md4jax import state as state_lib
+from md4jax import workdir as workdir_lib
 
 
 def profile_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
@@ -77,7 +43,7 @@ def profile_nats(params, batch: dict, key, *, model, config: ml_collections.Conf
   """
   bins = config.eval.profile_bins
   schedule = schedules.get_schedule(config.diffusion.schedule)
-  denoise_fn = _denoiser(model, params, batch)
+  denoise_fn = objective.denoiser(model, params, batch)
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
 
   def one_bin(b):
@@ -120,8 +86,8 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
     def score(draw_key, estimator, num_steps=None):
       # Uniform (not stratified) t keeps the rows' estimates independent, so the
       # standard error over rows is honest.
-      return sequence_nats(params, batch, draw_key, model=model, config=config, estimator=estimator,
-                           t_sampling="uniform", num_steps=num_steps)
+      return objective.sequence_nats(params, batch, draw_key, model=model, config=config,
+                                     estimator=estimator, t_sampling="uniform", num_steps=num_steps)
 
     def add_draw(totals, draw_key):
       draw = {"nats": score(draw_key, config.eval.estimator)}
@@ -143,8 +109,14 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
       outputs["profile_nats"] = profile_nats(params, batch, profile_key, model=model, config=config)
     return outputs
 
-  replicated, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-  return jax.jit(eval_fn, in_shardings=(replicated, batch, replicated), out_shardings=replicated)
+  def sharded_eval_fn(params, batch, key):
+    with sharding.activation_rules(mesh):
+      return eval_fn(params, batch, key)
+
+  # Params keep the layout they come with (the train state's); rows split over the batch axes.
+  replicated = sharding.replicated(mesh)
+  return jax.jit(sharded_eval_fn, in_shardings=(None, sharding.batch_sharding(mesh), replicated),
+                 out_shardings=replicated)
 
 
 def mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
@@ -161,12 +133,6 @@ def per_token_and_stderr(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[floa
   stderr = (math.sqrt((residual ** 2).sum() / (n * (n - 1))) / num_tokens.mean()
             if n > 1 else float("nan"))
   return float(ratio), float(stderr)
-
-
-def device_batch(batch: dict, mesh) -> dict:
-  """A process-local batch dict as global arrays sharded over the mesh's data axis."""
-  sharding = NamedSharding(mesh, P("data"))
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
 def _bits(nats: np.ndarray, num_tokens: np.ndarray) -> dict:
@@ -216,7 +182,7 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
     judge.check_compatible(config, config.data.seq_len, what="evaluation rows")
   outputs = []
   for i, batch in enumerate(source.eval_batches(config.eval.num_sequences, config.eval.batch_size)):
-    outputs.append(jax.device_get(eval_fn(params, device_batch(batch, mesh), jax.random.fold_in(key, i))))
+    outputs.append(sharding.to_host(eval_fn(params, sharding.device_batch(batch, mesh), np.asarray(jax.random.fold_in(key, i)))))
     if judge is not None:
       outputs[-1]["judge_nats"] = judge.nats(batch)
   columns = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
@@ -292,9 +258,8 @@ def sample_entropy(tokens: np.ndarray) -> tuple[float, float]:
 
 def load_judge(judge_workdir, mesh):
   """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
-  from md4jax import train  # pylint: disable=g-import-not-at-top  (train imports this module)
-  workdir = pathlib.Path(judge_workdir)
-  config_path = workdir / "config.json"
+  workdir = workdir_lib.Workdir(judge_workdir)
+  config_path = workdir.config_json
   if not config_path.is_file():
     raise FileNotFoundError(f"eval.judge_workdir={judge_workdir!r} has no config.json; "
                             "point it at a workdir trained by md4jax.")
@@ -302,12 +267,11 @@ def load_judge(judge_workdir, mesh):
   if config.model.type != "ar":
     raise ValueError(f"The judge in {judge_workdir} is model.type={config.model.type!r}; "
                      "generative perplexity needs an exact likelihood, an 'ar' model.")
-  model, optimizer = train.build_model(config), train.make_optimizer(config)
-  state = train.init_state(config, model, optimizer, mesh)
+  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
-  restored = checkpoint.restore(manager, checkpoint.abstract_like(state))
+  restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
   if restored is None:
-    raise FileNotFoundError(f"No checkpoint in {checkpoint.checkpoint_dir(workdir)} (the judge).")
+    raise FileNotFoundError(f"No checkpoint in {workdir.checkpoints} (the judge).")
   return config, model, restored[1].ema_params
 
 
@@ -319,10 +283,12 @@ class Judge:
 
   def __init__(self, config: ml_collections.ConfigDict, model, params, mesh, workdir: str = ""):
     self.config, self.model, self.params, self.mesh, self.workdir = config, model, params, mesh, workdir
-    score = lambda p, b: sequence_nats(p, b, None, model=model, config=config, estimator="exact",
-                                       t_sampling="uniform")
-    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-    self._score = jax.jit(score, in_shardings=(replicated, rows), out_shardings=replicated)
+    def score(params, batch):
+      with sharding.activation_rules(mesh):
+        return objective.sequence_nats(params, batch, None, model=model, config=config,
+                                       estimator="exact", t_sampling="uniform")
+    self._score = jax.jit(score, in_shardings=(None, sharding.batch_sharding(mesh)),
+                          out_shardings=sharding.replicated(mesh))
 
   @classmethod
   def from_workdir(cls, judge_workdir, mesh) -> "Judge":
@@ -348,9 +314,10 @@ class Judge:
   def nats(self, batch: dict) -> np.ndarray:
     """Exact NLL in nats of each row's editable tokens [B] under the judge (host batch dict)."""
     rows = batch["tokens"].shape[0]
-    missing = -rows % self.mesh.size  # Rows that are not editable fill the last device's share.
+    missing = -rows % self.mesh.devices.size  # Rows that are not editable fill the last device's share.
     padded = {k: np.pad(np.asarray(v), ((0, missing), (0, 0))) for k, v in batch.items()}
-    return np.asarray(self._score(self.params, device_batch(padded, self.mesh)), np.float64)[:rows]
+    nats = self._score(self.params, sharding.device_batch(padded, self.mesh))
+    return np.asarray(sharding.to_host(nats), np.float64)[:rows]
 
   def score(self, tokens: np.ndarray, prompt_length: int = 0) -> dict:
     """Generative perplexity of tokens [n, L] under the judge and their sample entropy, ± SE.

@@ -26,6 +26,7 @@ from md4jax import config_lib
 from md4jax import evaluate
 from md4jax import generate
 from md4jax import plots
+from md4jax import workdir as workdir_lib
 
 
 def sweep_settings(config: ml_collections.ConfigDict) -> list[dict]:
@@ -115,10 +116,9 @@ def run(config: ml_collections.ConfigDict, model, params, source,
 
 def write(workdir, results: dict) -> list[pathlib.Path]:
   """WORKDIR/frontier.json and WORKDIR/plots/frontier.png."""
-  workdir = pathlib.Path(workdir)
-  json_path = workdir / "frontier.json"
+  workdir = workdir_lib.as_workdir(workdir)
+  json_path = workdir.frontier_json
   json_path.write_text(json.dumps(results, indent=2) + "\n")
-  (workdir / "plots").mkdir(exist_ok=True)
-  png_path = workdir / "plots" / "frontier.png"
+  png_path = workdir.plot("frontier.png")
   plots.frontier(results, png_path)
   return [json_path, png_path]

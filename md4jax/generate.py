@@ -19,12 +19,9 @@ import numpy as np
 from md4jax import categorical
 from md4jax import sampling
 from md4jax import schedules
+from md4jax import sharding
 from md4jax import trajectory as trajectory_lib
-
-
-def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
-  """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it."""
-  return jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
+from md4jax import workdir as workdir_lib
 
 
 def ar_sample(key, model, params, *, batch_size: int, length: int, bos_id: int,
@@ -66,7 +63,7 @@ def _timed(fn, *args):
   compiled = jax.jit(fn).lower(*args).compile()
   start = time.perf_counter()
   outputs = jax.block_until_ready(compiled(*args))
-  return outputs, time.perf_counter() - start
+  return sharding.to_host(outputs), time.perf_counter() - start
 
 
 def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
@@ -75,8 +72,11 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
   cfg, run = config.sample, settings(config)
   vocab_size, seq_len, length = config.data.vocab_size, config.data.seq_len, run["length"]
   prompt_ids = np.asarray(source.encode(cfg.prompt) if cfg.prompt else [], np.int32)
-  prompt = jnp.zeros((length,), jnp.int32).at[:len(prompt_ids)].set(prompt_ids)
-  prompt_mask = jnp.arange(length) < len(prompt_ids)
+  # Host arrays: with params spread over several processes, jit places them on every device.
+  prompt = np.zeros((length,), np.int32)
+  prompt[:len(prompt_ids)] = prompt_ids
+  prompt_mask = np.arange(length) < len(prompt_ids)
+  key = np.asarray(key)
   filters = dict(temperature=cfg.temperature, top_k=run["top_k"], top_p=run["top_p"])
   if config.model.type == "ar":
     tokens, seconds = _timed(lambda p, k, pr, pm: ar_sample(
@@ -93,11 +93,11 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
         key, denoiser(params), batch_size=cfg.num_samples, total_length=length,
         context_length=seq_len, block_length=cfg.block_length or seq_len // 2,
         prompt=prompt_ids, **sample_kwargs)
-    return np.asarray(tokens), int(info["nfe"]), time.perf_counter() - start, None
+    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
   (tokens, info), seconds = _timed(lambda p, k, pr, pm: sampling.sample(
       k, denoiser(p), batch_size=cfg.num_samples, length=length, prompt=pr, prompt_mask=pm,
       record_trajectory=record_trajectory, **sample_kwargs), params, key, prompt, prompt_mask)
-  trajectory = jax.tree.map(np.asarray, info.get("trajectory"))
+  trajectory = info.get("trajectory")
   return np.asarray(tokens), int(info["nfe"]), seconds, trajectory
 
 
@@ -120,9 +120,9 @@ def write_trajectory(workdir, trajectory: dict, source, *, mask_id: int, nfe: in
   steps = min(nfe, trajectory["top_ids"].shape[0])  # first_hitting records past its last event.
   trimmed = {"tokens": trajectory["tokens"][:steps + 1], "top_ids": trajectory["top_ids"][:steps],
              "top_probs": trajectory["top_probs"][:steps], "alphas": trajectory["alphas"][:steps]}
-  workdir = pathlib.Path(workdir)
-  html = trajectory_lib.write_html(workdir / "trajectory.html", trimmed, mask_id=mask_id,
+  workdir = workdir_lib.as_workdir(workdir)
+  html = trajectory_lib.write_html(workdir.trajectory_html, trimmed, mask_id=mask_id,
                                    decode=source.token_text)
-  gif = trajectory_lib.render_gif(trimmed, workdir / "trajectory.gif", mask_id=mask_id,
+  gif = trajectory_lib.render_gif(trimmed, workdir.trajectory_gif, mask_id=mask_id,
                                   decode=source.token_text)
   return [pathlib.Path(html), pathlib.Path(gif)]

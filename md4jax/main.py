@@ -7,14 +7,22 @@ r"""Trains, evaluates or samples a masked diffusion (or AR) language model.
       --config.eval.judge_workdir=/tmp/md4jax_default_ar
 
 A workdir that holds checkpoints resumes training from the latest one.
+
+Several processes (hosts) form one run through jax.distributed: on TPU VMs and
+under SLURM or Open MPI it starts by itself; elsewhere give every process the
+same --coordinator_address=HOST:PORT and --num_processes=N and its own
+--process_id=I (launch/README.md).
 """
+
+import os
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
-from md4jax import train
+from md4jax import modes
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (configs/*.py).", lock_config=True)
@@ -22,7 +30,32 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "sample", "frontier"],
                           "train (then eval and sample), or eval / sample / sweep the sample-quality "
                           "frontier (md4jax.frontier) of the latest checkpoint.")
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+_MODES = {"train": modes.train_and_evaluate, "eval": modes.evaluate_checkpoint,
+          "sample": modes.sample_checkpoint, "frontier": modes.frontier_checkpoint}
+
+
+def _in_multiprocess_cluster() -> bool:
+  """A TPU VM (jax finds its workers itself), or a SLURM / Open MPI job of several tasks."""
+  on_tpu_vm = os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+  tasks = max(int(os.environ.get(name, "1")) for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
+  return on_tpu_vm or tasks > 1
+
+
+def _initialize_distributed():
+  given = [_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value]
+  if any(value is not None for value in given):
+    if any(value is None for value in given):
+      raise app.UsageError("--coordinator_address, --num_processes and --process_id go together.")
+    jax.distributed.initialize(coordinator_address=_COORDINATOR_ADDRESS.value,
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  elif _in_multiprocess_cluster():
+    jax.distributed.initialize()
 
 
 def main(argv):
@@ -30,15 +63,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  config = _CONFIG.value
-  if _MODE.value == "train":
-    train.train_and_evaluate(config, _WORKDIR.value)
-  elif _MODE.value == "eval":
-    train.evaluate_checkpoint(config, _WORKDIR.value)
-  elif _MODE.value == "frontier":
-    train.frontier_checkpoint(config, _WORKDIR.value)
-  else:
-    train.sample_checkpoint(config, _WORKDIR.value)
+  _initialize_distributed()
+  _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ Only process 0 writes. TensorBoard events come from tensorboardX (no TensorFlow)
 
 import json
 import math
-import pathlib
 import sys
 from typing import Optional
 
 import jax
 import tensorboardX
+
+from md4jax import workdir as workdir_lib
 
 
 def _to_json(value):
@@ -23,18 +24,18 @@ class MetricsWriter:
 
   def __init__(self, workdir, drop_records_after: Optional[int] = None):
     """drop_records_after: a training run's start step; later metrics.jsonl records are redone."""
-    self.workdir = pathlib.Path(workdir)
+    self.workdir = workdir_lib.as_workdir(workdir)
     self.active = jax.process_index() == 0
     if not self.active:
       return
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.workdir.root.mkdir(parents=True, exist_ok=True)
     if drop_records_after is not None:
       self._drop_records_after(drop_records_after)
-    self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir / "tensorboard"))
+    self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir.tensorboard))
 
   def _drop_records_after(self, step: int):
     """A run killed after its last checkpoint logged steps it will redo on resume; drop them."""
-    path = self.workdir / "metrics.jsonl"
+    path = self.workdir.metrics_jsonl
     if not path.exists():
       return
     lines = path.read_text().splitlines()
@@ -45,7 +46,7 @@ class MetricsWriter:
     if not self.active:
       return
     record = {"step": step, **{k: _to_json(v) for k, v in metrics.items()}}
-    with open(self.workdir / "metrics.jsonl", "a") as f:
+    with open(self.workdir.metrics_jsonl, "a") as f:
       f.write(json.dumps(record) + "\n")
     for name, value in record.items():
       if name != "step" and isinstance(value, (int, float)):
@@ -56,7 +57,7 @@ class MetricsWriter:
     if not self.active:
       return
     record = {"step": step, **{k: _to_json(v) for k, v in results.items()}}
-    (self.workdir / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
+    self.workdir.eval_json.write_text(json.dumps(record, indent=2) + "\n")
     for name, value in record.items():
       if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
         self._tensorboard.add_scalar(f"eval/{name}", value, step)
@@ -65,7 +66,7 @@ class MetricsWriter:
     """samples.jsonl holds the latest samples, one JSON object per sequence."""
     if not self.active:
       return
-    with open(self.workdir / "samples.jsonl", "w") as f:
+    with open(self.workdir.samples_jsonl, "w") as f:
       for record in records:
         f.write(json.dumps({k: _to_json(v) for k, v in record.items()}) + "\n")
 

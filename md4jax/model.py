@@ -3,6 +3,10 @@
 This module holds no diffusion math. The same network serves as the
 bidirectional masked-diffusion denoiser (`causal=False`, optionally conditioned
 on alpha(t) via adaLN-Zero) and as the autoregressive baseline (`causal=True`).
+
+Every param and the main activations carry logical axis names ("embed",
+"heads", "mlp", ...); `md4jax.sharding` maps them to mesh axes. Without a
+mesh in context the names change nothing.
 """
 import math
 
@@ -10,8 +14,23 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ATTENTIONS = ("xla", "cudnn", "splash")
+REMATS = ("none", "full", "save_dots")
 _TIME_CONDITIONINGS = ("none", "adaln")
 _INIT_STD = 0.02
+
+# Logical names of activations.
+_HIDDEN = ("batch", "length", "embed")
+_HEADS = ("batch", "length", "heads", "head_dim")
+
+
+def _init(initializer, names):
+  """An initializer whose param carries logical axis names (for sharding)."""
+  return nn.with_logical_partitioning(initializer, names)
+
+
+def _constrain(x, names):
+  return nn.with_logical_constraint(x, names)
 
 
 def apply_rope(x, positions, base=10000.0):
@@ -67,9 +86,74 @@ def segment_attention_mask(segment_ids):
   return ((same & real) | own)[:, None]
 
 
+def splash_block_size(length: int) -> int:
+  """The splash kernel's tile along the sequence: the largest of 512, 256, 128 dividing it."""
+  for block in (512, 256, 128):
+    if length % block == 0:
+      return block
+  raise ValueError(f"splash attention needs a sequence length divisible by 128, got {length}.")
+
+
+def splash_attention(q, k, v, segment_ids, causal: bool, interpret: bool = False):
+  """TPU Pallas splash attention: q, k, v [B, L, H, Dh], segment_ids [B, L] or None.
+
+  Packed documents attend within their segment. Under a mesh the kernel runs
+  per device (shard_map over the batch and head axes); interpret=True runs the
+  kernel's reference interpreter (any platform, slow: for tests).
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks  # pylint: disable=g-import-not-at-top
+  length, head_dim = q.shape[1], q.shape[-1]
+  block = splash_block_size(length)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                            block_q_dq=block, block_kv_dq=block)
+  base = masks.CausalMask((length, length)) if causal else masks.FullMask((length, length))
+  q = q * jnp.asarray(head_dim ** -0.5, q.dtype)  # The kernel does not scale the logits.
+  q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [B, H, L, Dh]
+  if segment_ids is None:
+    segment_ids = jnp.ones(q.shape[:1] + q.shape[2:3], jnp.int32)
+
+  def per_device(q, k, v, segments):
+    kernel = splash.make_splash_mha(masks.MultiHeadMask([base] * q.shape[1]), block_sizes=sizes,
+                                    head_shards=1, q_seq_shards=1, interpret=interpret)
+    return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
+        q, k, v, segments)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    out = per_device(q, k, v, segment_ids)
+  else:
+    heads = nn.logical_to_mesh_axes(("batch", "heads", "length", "head_dim"))
+    rows = nn.logical_to_mesh_axes(("batch", "length"))
+    out = jax.shard_map(per_device, mesh=mesh, in_specs=(heads, heads, heads, rows),
+                        out_specs=heads, check_vma=False)(q, k, v, segment_ids)
+  return jnp.swapaxes(out, 1, 2)
+
+
 def _modulate(x, shift, scale):
   # shift/scale are [B, D]; broadcast over the sequence axis.
   return x * (1 + scale[:, None, :]) + shift[:, None, :]
+
+
+class _Einsum(nn.Module):
+  """x @ kernel by an einsum equation, no bias; the float32 kernel carries logical axis names.
+
+  (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
+  named-axis constraint flax applies when it checks an existing param's shape.)
+  """
+  equation: str
+  shape: tuple
+  names: tuple
+  std: float
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", _init(nn.initializers.normal(self.std), self.names), self.shape,
+                        jnp.float32)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    return jnp.einsum(self.equation, x, kernel)
 
 
 class Attention(nn.Module):
@@ -79,28 +163,31 @@ class Attention(nn.Module):
   out_std: float
   rope_base: float
   dtype: jnp.dtype
+  implementation: str = "xla"
 
   @nn.compact
-  def __call__(self, x, mask=None, positions=None):
-    """x [B, L, D]; mask [B, 1, L, L] bool (True = may attend) or None; positions [B, L] or None."""
+  def __call__(self, x, mask=None, positions=None, segment_ids=None):
+    """x [B, L, D]; mask [B, 1, L, L] bool (True = may attend) or None; positions [B, L] or None;
+    segment_ids [B, L] or None (the splash kernel's form of the mask)."""
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
-    qkv = nn.DenseGeneral(
-        features=(3, self.num_heads, head_dim), use_bias=False, dtype=self.dtype,
-        param_dtype=jnp.float32, kernel_init=nn.initializers.normal(_INIT_STD),
-        name="qkv")(x)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [B, L, H, Dh]
+    qkv = _Einsum("bld,dthk->blthk", (model_dim, 3, self.num_heads, head_dim),
+                  ("embed", "qkv", "heads", "head_dim"), _INIT_STD, self.dtype, name="qkv")(x)
+    q, k, v = (_constrain(qkv[:, :, i], _HEADS) for i in range(3))  # each [B, L, H, Dh]
     if positions is None:
       positions = jnp.arange(x.shape[1])
     q = apply_rope(q, positions, self.rope_base)
     k = apply_rope(k, positions, self.rope_base)
-    # With both, attention is allowed where the mask is True and causality holds.
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal)
-    return nn.DenseGeneral(
-        features=model_dim, axis=(-2, -1), use_bias=False, dtype=self.dtype,
-        param_dtype=jnp.float32, kernel_init=nn.initializers.normal(self.out_std),
-        name="out")(out)
+    if self.implementation == "splash":
+      out = splash_attention(q, k, v, segment_ids, self.causal)
+    else:
+      # With both, attention is allowed where the mask is True and causality holds.
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal,
+                                         implementation=self.implementation)
+    out = _constrain(out, _HEADS)
+    return _Einsum("blhk,hkd->bld", (self.num_heads, head_dim, model_dim),
+                   ("heads", "head_dim", "embed"), self.out_std, self.dtype, name="out")(out)
 
 
 class SwiGLU(nn.Module):
@@ -111,12 +198,18 @@ class SwiGLU(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    dense = lambda feats, std, name: nn.Dense(
+    dense = lambda feats, std, names, name: nn.Dense(
         feats, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
-        kernel_init=nn.initializers.normal(std), name=name)
-    gate = dense(self.mlp_dim, _INIT_STD, "gate")(x)
-    up = dense(self.mlp_dim, _INIT_STD, "up")(x)
-    return dense(x.shape[-1], self.out_std, "down")(nn.silu(gate) * up)
+        kernel_init=_init(nn.initializers.normal(std), names), name=name)
+    gate = dense(self.mlp_dim, _INIT_STD, ("embed", "mlp"), "gate")(x)
+    up = dense(self.mlp_dim, _INIT_STD, ("embed", "mlp"), "up")(x)
+    hidden = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return dense(x.shape[-1], self.out_std, ("mlp", "embed"), "down")(hidden)
+
+
+def _rms_norm(dtype, name):
+  return nn.RMSNorm(dtype=dtype, param_dtype=jnp.float32,
+                    scale_init=_init(nn.initializers.ones, ("embed",)), name=name)
 
 
 class Block(nn.Module):
@@ -127,34 +220,55 @@ class Block(nn.Module):
   out_std: float
   rope_base: float
   dtype: jnp.dtype
+  attention: str = "xla"
 
   @nn.compact
-  def __call__(self, x, cond=None, mask=None, positions=None):
+  def __call__(self, x, cond=None, mask=None, positions=None, segment_ids=None):
     model_dim = x.shape[-1]
-    norm = lambda name: nn.RMSNorm(dtype=self.dtype, param_dtype=jnp.float32, name=name)
     attn = Attention(self.num_heads, self.causal, self.out_std, self.rope_base,
-                     self.dtype, name="attn")
+                     self.dtype, self.attention, name="attn")
     mlp = SwiGLU(self.mlp_dim, self.out_std, self.dtype, name="mlp")
     if cond is None:
-      x = x + attn(norm("attn_norm")(x), mask, positions)
-      return x + mlp(norm("mlp_norm")(x))
+      x = x + attn(_rms_norm(self.dtype, "attn_norm")(x), mask, positions, segment_ids)
+      return _constrain(x + mlp(_rms_norm(self.dtype, "mlp_norm")(x)), _HIDDEN)
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
     mod = nn.Dense(6 * model_dim, use_bias=False, dtype=self.dtype,
-                   param_dtype=jnp.float32, kernel_init=nn.initializers.zeros,
+                   param_dtype=jnp.float32,
+                   kernel_init=_init(nn.initializers.zeros, ("embed", "modulation")),
                    name="adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1), mask,
-                                     positions)
-    return x + gate2[:, None, :] * mlp(_modulate(norm("mlp_norm")(x), shift2, scale2))
+    x = x + gate1[:, None, :] * attn(_modulate(_rms_norm(self.dtype, "attn_norm")(x), shift1, scale1),
+                                     mask, positions, segment_ids)
+    x = x + gate2[:, None, :] * mlp(_modulate(_rms_norm(self.dtype, "mlp_norm")(x), shift2, scale2))
+    return _constrain(x, _HIDDEN)
+
+
+class _ScannedBlock(nn.Module):
+  """A Block in nn.scan's (carry, out) form: the residual stream is the carry."""
+  block: type
+  kwargs: dict
+
+  @nn.compact
+  def __call__(self, x, cond, mask, positions, segment_ids):
+    return self.block(**self.kwargs, name="block")(x, cond, mask, positions, segment_ids), None
+
+
+def _remat_policy(remat: str):
+  """jax.checkpoint policy: "full" saves nothing, "save_dots" keeps the weight matmuls' outputs."""
+  return None if remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 class Transformer(nn.Module):
-  """Denoiser: tokens [B, L] in [0, V] (V = mask id) -> logits [B, L, V] float32.
+  """Denoiser: tokens [B, L] in [0, V] (V = mask id) -> logits [B, L, V] in the compute dtype.
 
   Embedding init is normal(0.02) (GPT-2 style): with pre-norm blocks the
   residual-stream scale does not affect the normalized inputs, and small
   embeddings keep the residual contributions of the blocks comparable.
+
+  remat ("none", "full", "save_dots") recomputes each block's activations in
+  the backward pass; scan_layers runs the blocks under nn.scan (params stacked
+  on a leading "layers" axis), so compile time does not grow with depth.
   """
   vocab_size: int
   num_layers: int
@@ -165,11 +279,18 @@ class Transformer(nn.Module):
   time_conditioning: str = "none"
   dtype: jnp.dtype = jnp.float32
   rope_base: float = 10000.0
+  attention: str = "xla"
+  remat: str = "none"
+  scan_layers: bool = False
 
   def _check_config(self, alpha):
     if self.time_conditioning not in _TIME_CONDITIONINGS:
       raise ValueError(f"unknown time_conditioning {self.time_conditioning!r}; "
                        f"expected one of {_TIME_CONDITIONINGS}")
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"unknown attention {self.attention!r}; expected one of {ATTENTIONS}")
+    if self.remat not in REMATS:
+      raise ValueError(f"unknown remat {self.remat!r}; expected one of {REMATS}")
     if self.model_dim % self.num_heads:
       raise ValueError(f"model_dim {self.model_dim} is not divisible by "
                        f"num_heads {self.num_heads}")
@@ -178,6 +299,26 @@ class Transformer(nn.Module):
       raise ValueError(f"head dim {head_dim} (model_dim / num_heads) must be even for RoPE")
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
+
+  def _blocks(self, x, cond, mask, positions, segment_ids):
+    # Matrices writing into the residual stream are scaled down with depth so
+    # the stream's variance at init does not grow with num_layers (GPT-2).
+    kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
+                  out_std=_INIT_STD / math.sqrt(2 * self.num_layers), rope_base=self.rope_base,
+                  dtype=self.dtype, attention=self.attention)
+    block = Block
+    if self.remat != "none":
+      # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
+      block = nn.remat(Block, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers)
+    if not self.scan_layers:
+      for i in range(self.num_layers):
+        x = block(**kwargs, name=f"block_{i}")(x, cond, mask, positions, segment_ids)
+      return x
+    scanned = nn.scan(_ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=(nn.broadcast,) * 4, length=self.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+    x, _ = scanned(block, kwargs, name="blocks")(x, cond, mask, positions, segment_ids)
+    return x
 
   @nn.compact
   def __call__(self, tokens, alpha=None, segment_ids=None, positions=None):
@@ -194,48 +335,47 @@ class Transformer(nn.Module):
       if segment_ids.shape != tokens.shape:
         raise ValueError(f"segment_ids must have the tokens' shape {tokens.shape}, "
                          f"got {segment_ids.shape}")
-      mask = segment_attention_mask(segment_ids)
+      if self.attention != "splash":
+        mask = segment_attention_mask(segment_ids)
     if positions is not None and jnp.shape(positions) != tokens.shape:
       raise ValueError(f"positions must have the tokens' shape {tokens.shape}, "
                        f"got {jnp.shape(positions)}")
     dense_init = nn.initializers.normal(_INIT_STD)
-    # Matrices writing into the residual stream are scaled down with depth so
-    # the stream's variance at init does not grow with num_layers (GPT-2).
-    out_std = _INIT_STD / math.sqrt(2 * self.num_layers)
 
     # V + 1 rows: the extra row is the mask token (input only).
     x = nn.Embed(self.vocab_size + 1, self.model_dim, dtype=self.dtype,
-                 param_dtype=jnp.float32, embedding_init=dense_init,
+                 param_dtype=jnp.float32, embedding_init=_init(dense_init, ("vocab", "embed")),
                  name="embed")(tokens)
+    x = _constrain(x, _HIDDEN)
 
     cond = None
     if self.time_conditioning == "adaln":
       alpha = jnp.asarray(alpha)
       if alpha.shape != (tokens.shape[0],):
         raise ValueError(f"alpha must have shape [B]=({tokens.shape[0]},), got {alpha.shape}")
-      dense = lambda name: nn.Dense(self.model_dim, use_bias=False, dtype=self.dtype,
-                                    param_dtype=jnp.float32, kernel_init=dense_init,
-                                    name=name)
-      c = dense("time_in")(timestep_features(alpha, self.model_dim))
-      c = dense("time_out")(nn.silu(c))
+      dense = lambda name, names: nn.Dense(self.model_dim, use_bias=False, dtype=self.dtype,
+                                           param_dtype=jnp.float32,
+                                           kernel_init=_init(dense_init, names), name=name)
+      c = dense("time_in", ("time", "embed"))(timestep_features(alpha, self.model_dim))
+      c = dense("time_out", ("time", "embed"))(nn.silu(c))
       # Every modulation Dense consumes silu(c), as in DiT; compute it once.
       cond = nn.silu(c)
 
-    for i in range(self.num_layers):
-      x = Block(self.num_heads, self.mlp_dim, self.causal, out_std, self.rope_base,
-                self.dtype, name=f"block_{i}")(x, cond, mask, positions)
+    x = self._blocks(x, cond, mask, positions, segment_ids)
 
-    x = nn.RMSNorm(dtype=self.dtype, param_dtype=jnp.float32, name="final_norm")(x)
+    x = _rms_norm(self.dtype, "final_norm")(x)
     if cond is not None:
       mod = nn.Dense(2 * self.model_dim, use_bias=False, dtype=self.dtype,
-                     param_dtype=jnp.float32, kernel_init=nn.initializers.zeros,
+                     param_dtype=jnp.float32,
+                     kernel_init=_init(nn.initializers.zeros, ("embed", "modulation")),
                      name="final_adaln")(cond)
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = _modulate(x, shift, scale)
     logits = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
-                      param_dtype=jnp.float32, kernel_init=dense_init,
+                      param_dtype=jnp.float32, kernel_init=_init(dense_init, ("embed", "vocab")),
                       name="logits")(x)
-    return logits.astype(jnp.float32)
+    # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
+    return _constrain(logits, ("batch", "length", "vocab"))
 
 
 def count_params(params) -> int:

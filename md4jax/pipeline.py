@@ -177,7 +177,9 @@ def train_dataset(docs: TokenizedDocs, *, seq_len: int, batch_size: int, seed: i
   else:
     rows = _PackedRows(docs, seq_len)
     ds = grain.MapDataset.range(rows.num_rows).shuffle(seed=seed).repeat(None).map(rows)
-  return ds[index::count].batch(batch_size, drop_remainder=True)
+  # Global batch i is rows [i·B, (i+1)·B) whatever the process count: process p holds
+  # its p-th block of batch_size = B / count rows.
+  return ds.batch(batch_size, drop_remainder=True)[index::count]
 
 
 class TrainIterator:
@@ -229,8 +231,10 @@ class EvalBatches:
   """Finite, re-iterable evaluation batches: every token of the split in exactly one row.
 
   Rows are the split's non-overlapping windows ("concat", last one padded) or
-  its document packing ("documents"), in order. Process p takes rows p, p + P,
-  ...; every process yields len(self) batches, the last ones filled with
+  its document packing ("documents"), in order. Global batch k holds rows
+  [k·B, (k+1)·B) with B = batch_size · count, and process p its p-th block of
+  batch_size rows, so the global batches are the same on any number of
+  processes; every process yields len(self) batches, the last ones filled with
   all-padding rows (segment_ids 0), so collectives line up across hosts.
   """
 
@@ -238,7 +242,7 @@ class EvalBatches:
                packing: str = "concat", shard_index: Optional[int] = None,
                shard_count: Optional[int] = None):
     _check(docs, seq_len, batch_size, packing)
-    index, count = _shard(shard_index, shard_count)
+    self.shard_index, self.shard_count = _shard(shard_index, shard_count)
     self.docs, self.seq_len, self.batch_size = docs, seq_len, batch_size
     if packing == "concat":
       n = docs.num_tokens
@@ -249,9 +253,7 @@ class EvalBatches:
       self._pieces = [(starts[a:b], lengths[a:b], prompts[a:b])
                       for a, b in zip(splits[:-1], splits[1:])]
     self.num_rows = len(self._pieces)
-    self._mine = list(range(index, self.num_rows, count))
-    rows_per_shard = -(-self.num_rows // count)
-    self.num_batches = -(-rows_per_shard // batch_size)
+    self.num_batches = -(-self.num_rows // (batch_size * self.shard_count))
 
   def __len__(self) -> int:
     return self.num_batches
@@ -259,7 +261,8 @@ class EvalBatches:
   def __iter__(self) -> Iterator[dict]:
     empty = ([], [])
     for b in range(self.num_batches):
-      ids = self._mine[b * self.batch_size:(b + 1) * self.batch_size]
+      first = (b * self.shard_count + self.shard_index) * self.batch_size
+      ids = range(first, min(first + self.batch_size, self.num_rows))
       rows = [_row(self.docs.tokens, self.seq_len, *self._pieces[i]) for i in ids]
       rows += [_row(self.docs.tokens, self.seq_len, *empty)] * (self.batch_size - len(rows))
       yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}

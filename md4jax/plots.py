@@ -13,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")  # Files only: no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from md4jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 # metrics.jsonl series drawn as training curves, each in its own panel.
 CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate")
 
@@ -124,13 +126,13 @@ def frontier(results: dict, path: pathlib.Path):
 
 def write_all(workdir) -> list[pathlib.Path]:
   """Draws every plot the workdir's files allow into WORKDIR/plots/; returns their paths."""
-  workdir = pathlib.Path(workdir)
-  out = workdir / "plots"
-  out.mkdir(exist_ok=True)
-  eval_path = workdir / "eval.json"
+  workdir = workdir_lib.as_workdir(workdir)
+  out = workdir.plots
+  out.mkdir(parents=True, exist_ok=True)
+  eval_path = workdir.eval_json
   results = json.loads(eval_path.read_text()) if eval_path.is_file() else None
   written = []
-  metrics_path = workdir / "metrics.jsonl"
+  metrics_path = workdir.metrics_jsonl
   records = _read_jsonl(metrics_path) if metrics_path.is_file() else []
   if any(name in r for r in records for name in CURVES):
     training_curves(records, out / "training_curves.png", results)
@@ -141,7 +143,7 @@ def write_all(workdir) -> list[pathlib.Path]:
   if results and results.get("loss_profile"):
     loss_profile(results, out / "loss_profile.png")
     written.append(out / "loss_profile.png")
-  frontier_path = workdir / "frontier.json"
+  frontier_path = workdir.frontier_json
   if frontier_path.is_file():
     frontier(json.loads(frontier_path.read_text()), out / "frontier.png")
     written.append(out / "frontier.png")

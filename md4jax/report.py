@@ -8,6 +8,8 @@ and the gap when the data's law is known.
 
 import pathlib
 
+from md4jax import workdir as workdir_lib
+
 ESTIMATOR_NAMES = {
     "standard": "t-estimator (t ~ U(0,1), w(t)·Σ masked CE)",
     "mask_count": "mask-count estimator (k masked ~ U, t integrated out)",
@@ -115,6 +117,6 @@ def render(results: dict) -> str:
 
 def write(workdir, results: dict) -> pathlib.Path:
   """Writes WORKDIR/eval.md; returns its path."""
-  path = pathlib.Path(workdir) / "eval.md"
+  path = workdir_lib.as_workdir(workdir).eval_md
   path.write_text(render(results))
   return path

@@ -1,11 +1,16 @@
-"""Test-wide setup: 8 fake CPU devices for sharding tests.
+"""Test-wide setup: 8 fake CPU devices for sharding tests, and a compilation cache.
 
 XLA reads the flag once, when the backend starts, so it must be set before the
 first `import jax` of the test session; conftest.py is imported first.
 """
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiled programs are cached on disk for the session and the CLI subprocesses it starts:
+# they compile the same small programs again and again.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="md4jax-test-jit-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()

@@ -8,7 +8,7 @@ import pytest
 from md4jax import config_lib
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
-CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8", "text8:cpu")
+CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8", "text8:cpu", "owt", "owt:medium", "lm1b")
 
 
 def load(name):
@@ -61,6 +61,20 @@ def test_text8_has_paper_settings():
   assert config.diffusion.schedule == "linear"
   assert (config.optimizer.learning_rate, config.batch_size, config.optimizer.warmup_steps,
           config.optimizer.ema_decay, config.num_train_steps) == (3e-4, 512, 2000, 0.9999, 1_000_000)
+
+
+def test_owt_and_lm1b_have_paper_settings():
+  owt, medium, lm1b = load("owt"), load("owt:medium"), load("lm1b")
+  assert (owt.data.seq_len, owt.data.vocab_size, owt.batch_size) == (1024, 50257, 512)
+  assert (owt.model.num_layers, owt.model.model_dim, owt.model.num_heads) == (12, 768, 12)
+  assert (medium.model.num_layers, medium.model.model_dim, medium.model.num_heads) == (24, 1024, 16)
+  assert (owt.optimizer.learning_rate, owt.optimizer.warmup_steps, owt.optimizer.b2,
+          owt.optimizer.ema_decay, owt.num_train_steps) == (3e-4, 2000, 0.999, 0.9999, 1_000_000)
+  assert (lm1b.data.seq_len, lm1b.data.vocab_size, lm1b.batch_size) == (128, 30522, 512)
+  assert lm1b.diffusion.schedule == "loglinear" and lm1b.data.dataset == "lm1b"
+  for config in (owt, medium, lm1b):  # Pod settings: FSDP over every chip, bfloat16, scanned blocks.
+    assert (config.mesh.data, config.mesh.fsdp, config.model.dtype, config.model.scan_layers) == (
+        1, -1, "bfloat16", True)
 
 
 def test_locked_config_rejects_typos():
@@ -124,10 +138,47 @@ def test_bad_values_raise_clear_errors(overrides, match):
 
 
 def test_batch_not_divisible_by_devices():
-  with pytest.raises(ValueError, match=r"batch_size=12 is not divisible by the 8 devices"):
+  with pytest.raises(ValueError, match=r"batch_size=12 must split into training.grad_accum_steps=1 "
+                                       r"microbatches of rows divisible by mesh.data × mesh.fsdp = 8"):
     _bad(batch_size=12, num_devices=8)()
-  with pytest.raises(ValueError, match=r"eval.batch_size=20 is not divisible by the 8 devices"):
+  with pytest.raises(ValueError, match=r"eval.batch_size=20 is not divisible by mesh.data × mesh.fsdp = 8"):
     _bad(eval__batch_size=20, num_devices=8)()
+  with pytest.raises(ValueError, match=r"grad_accum_steps=3 microbatches"):
+    _bad(training__grad_accum_steps=3)()
+
+
+@pytest.mark.parametrize("overrides, num_devices, match", [
+    (dict(mesh__data=-1, mesh__fsdp=-1), 8, r"at most one may be -1"),
+    (dict(mesh__data=0), 8, r"mesh.data must be a positive integer or -1"),
+    (dict(mesh__data=3, mesh__fsdp=-1), 8, r"cannot fill 8 devices: 8 is not divisible by 3"),
+    (dict(mesh__data=2, mesh__fsdp=2, mesh__tensor=1), 8, r"= 4, but there are 8 devices"),
+    (dict(mesh__data=1, mesh__fsdp=-1, model__model_dim=36, model__num_heads=2), 8,
+     r"model.model_dim=36 is not divisible by mesh.fsdp=8"),
+    (dict(mesh__data=-1, mesh__tensor=4), 8, r"model.num_heads=2 is not divisible by mesh.tensor=4"),
+    (dict(training__grad_accum_steps=0), 1, r"training.grad_accum_steps must be an integer >= 1"),
+    (dict(model__attention="flash"), 1, r"model.attention='flash' is unknown; valid: xla, cudnn, splash"),
+    (dict(model__remat="some"), 1, r"model.remat='some' is unknown; valid: none, full, save_dots"),
+    (dict(model__attention="splash"), 1, r"'splash' is a TPU kernel; this run's devices are 'cpu'"),
+    (dict(model__attention="cudnn"), 1, r"'cudnn' runs on NVIDIA GPUs only; this run's devices are 'cpu'"),
+])
+def test_bad_mesh_and_parallelism_raise_clear_errors(overrides, num_devices, match):
+  with pytest.raises(ValueError, match=match):
+    _bad(num_devices=num_devices, **overrides)()
+
+
+def test_platform_specific_attention_validates_where_it_runs():
+  splash = load("tiny")
+  splash.model.attention, splash.data.seq_len = "splash", 128
+  config_lib.validate_config(splash, 1, platform="tpu")
+  splash.data.seq_len = 100
+  with pytest.raises(ValueError, match=r"'splash' needs data.seq_len divisible by 128, got 100"):
+    config_lib.validate_config(splash, 1, platform="tpu")
+  cudnn = load("tiny")
+  cudnn.model.attention = "cudnn"
+  with pytest.raises(ValueError, match=r"'cudnn' \(flash attention\) needs model.dtype='bfloat16'"):
+    config_lib.validate_config(cudnn, 1, platform="gpu")
+  cudnn.model.dtype = "bfloat16"
+  config_lib.validate_config(cudnn, 1, platform="gpu")
 
 
 def test_vocab_mask_mismatch():

@@ -416,3 +416,37 @@ def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
   assert not np.any(np.asarray(z)[:, :100] == MASK_ID)
   # α = 1 − (k-th smallest uniform), close to 1 − k/n.
   np.testing.assert_allclose(1 - np.asarray(alpha), expected / 8092, atol=0.03)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cross_entropy_value_and_gradient_match_log_softmax(dtype):
+  logits = (3 * jax.random.normal(jax.random.PRNGKey(0), (4, 6, 50))).astype(dtype)
+  labels = jax.random.randint(jax.random.PRNGKey(1), (4, 6), 0, 50)
+  weights = jax.random.uniform(jax.random.PRNGKey(2), (4, 6))
+  reference = lambda l: -(weights * jnp.take_along_axis(
+      jax.nn.log_softmax(l.astype(jnp.float32)), labels[..., None], -1)[..., 0]).sum()
+  ours = lambda l: (weights * diffusion.cross_entropy(l, labels)).sum()
+  np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
+  grad, expected = jax.grad(ours)(logits), jax.grad(reference)(logits)
+  assert grad.dtype == dtype  # The gradient in the logits' dtype, as autodiff gives it.
+  np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(expected, np.float32),
+                             rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5, atol=1e-7)
+
+
+def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass():
+  # bfloat16 logits [B, L, V]: the naive loss keeps a float32 [B, L, V] softmax alive between the
+  # passes; ours keeps the bfloat16 logits and a float32 [B, L] log-normalizer only.
+  batch, length, vocab = 8, 256, 4096
+  labels = jnp.zeros((batch, length), jnp.int32)
+  naive = lambda l: -jnp.take_along_axis(jax.nn.log_softmax(l.astype(jnp.float32)),
+                                         labels[..., None], -1).sum()
+  ours = lambda l: diffusion.cross_entropy(l, labels).sum()
+  logits = jax.ShapeDtypeStruct((batch, length, vocab), jnp.bfloat16)
+
+  def residual_bytes(loss):
+    forward = jax.jit(lambda l: jax.vjp(loss, l)[1]).lower(logits).compile()
+    return forward.memory_analysis().output_size_in_bytes  # What the backward pass will read.
+
+  float32_logits = 4 * batch * length * vocab
+  assert residual_bytes(naive) >= float32_logits
+  assert residual_bytes(ours) < 0.6 * float32_logits  # bfloat16 logits (half) and [B, L] rows.

@@ -15,7 +15,8 @@ from md4jax import evaluate
 from md4jax import groundtruth
 from md4jax import plots
 from md4jax import report
-from md4jax import train
+from md4jax import sharding
+from md4jax import state as state_lib
 
 import oracles
 
@@ -28,9 +29,9 @@ def tiny_config(**eval_overrides):
 
 
 def untrained(config):
-  mesh = train.make_mesh(jax.devices()[:1])
-  model = train.build_model(config)
-  state = train.init_state(config, model, train.make_optimizer(config), mesh)
+  mesh = sharding.make_mesh(config, jax.devices()[:1])
+  model = state_lib.build_model(config)
+  state = state_lib.init_state(config, model, state_lib.make_optimizer(config), mesh)
   return mesh, model, state.ema_params
 
 
@@ -79,7 +80,7 @@ def test_stderr_shrinks_like_one_over_sqrt_k():
 def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   config = tiny_config(num_sequences=512, batch_size=64)
   config.model.type = "ar"
-  mesh = train.make_mesh(jax.devices()[:1])
+  mesh = sharding.make_mesh(config, jax.devices()[:1])
   source = data.make_source(config)
   oracle = oracles.OracleChain(source.language)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
@@ -94,11 +95,11 @@ def test_ar_nll_of_the_oracle_chain_is_the_entropy():
 def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
   config = tiny_config(num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="",
                        profile_bins=10)
-  mesh = train.make_mesh(jax.devices()[:1])
+  mesh = sharding.make_mesh(config, jax.devices()[:1])
   source = data.make_source(config)
   oracle = oracles.OracleDenoiser(source.language)
   judge = evaluate.Judge(config_lib.load_config("tiny_ar"), oracles.OracleChain(source.language), {},
-                         train.make_mesh(), workdir="oracle")  # Judge rows over all 8 devices.
+                         sharding.make_mesh(config), workdir="oracle")  # Judge rows over all 8 devices.
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh,
                               judge)
   # The continuous bound is tight for the exact denoiser: paired with the exact NLL of the
@@ -194,7 +195,7 @@ def test_judge_must_model_the_same_data():
   judge_config = config_lib.load_config("tiny_ar")
   judge_config.data.language_seed = 1
   judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {},
-                         train.make_mesh(jax.devices()[:1]), workdir="other")
+                         sharding.make_mesh(config, jax.devices()[:1]), workdir="other")
   with pytest.raises(ValueError, match="data.language_seed=1"):
     judge.check_compatible(config, config.data.seq_len)
 

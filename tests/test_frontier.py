@@ -10,7 +10,7 @@ from md4jax import config_lib
 from md4jax import data
 from md4jax import evaluate
 from md4jax import frontier
-from md4jax import train
+from md4jax import sharding
 
 import oracles
 
@@ -25,7 +25,7 @@ def oracle_setup(model_type="mdm", **frontier_overrides):
   config_lib.validate_config(config, num_devices=1)
   source = data.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
-  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, train.make_mesh(),
+  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, sharding.make_mesh(config),
                          workdir="oracle")
   return config, source, judge
 

@@ -15,7 +15,8 @@ import pytest
 
 from md4jax import config_lib
 from md4jax import checkpoint
-from md4jax import train
+from md4jax import sharding
+from md4jax import state as state_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEXT8_DEV = ROOT.parent / "shared" / "data" / "wiki_text8_dev.txt"
@@ -177,10 +178,10 @@ def _final_state(workdir, config_overrides):
   config = _tiny_config()
   for key, value in config_overrides.items():
     setattr(config, key, value)
-  mesh = train.make_mesh()
-  state = train.init_state(config, train.build_model(config), train.make_optimizer(config), mesh)
+  abstract = state_lib.abstract_state(config, state_lib.build_model(config),
+                                      state_lib.make_optimizer(config), sharding.make_mesh(config))
   manager = checkpoint.make_manager(workdir, max_to_keep=3)
-  step, state, data_state = checkpoint.restore(manager, checkpoint.abstract_like(state))
+  step, state, data_state = checkpoint.restore(manager, abstract)
   return step, state, data_state
 
 

@@ -1,13 +1,14 @@
-"""Tests for md4jax.model: shapes/dtypes, masking direction, adaLN-Zero, RoPE."""
+"""Tests for md4jax.model: shapes/dtypes, masking direction, adaLN-Zero, RoPE, remat/scan, splash."""
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token,
-                          segment_attention_mask)
+                          segment_attention_mask, splash_attention, splash_block_size)
 
 V, B, L = 11, 2, 8
 
@@ -16,6 +17,11 @@ def _model(**kw):
   cfg = dict(vocab_size=V, num_layers=2, model_dim=32, num_heads=4, mlp_dim=64)
   cfg.update(kw)
   return Transformer(**cfg)
+
+
+def init(model, *args):
+  """The model's variables with the logical-axis boxes removed (plain arrays)."""
+  return nn.meta.unbox(model.init(*args))
 
 
 def _tokens(seed=0):
@@ -27,6 +33,7 @@ def _alpha(value=0.3):
   return jnp.full((B,), value, jnp.float32)
 
 
+@jax.jit  # One compiled call, not one per leaf.
 def _perturb(params, scale=0.1, seed=123):
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
@@ -42,11 +49,11 @@ def test_shape_dtype(causal, time_conditioning, dtype):
   tokens = _tokens()
   tokens = tokens.at[0, 0].set(V)  # make sure the mask id is present
   alpha = _alpha() if time_conditioning == "adaln" else None
-  params = model.init(jax.random.key(1), tokens, alpha)
+  params = init(model, jax.random.key(1), tokens, alpha)
   logits = model.apply(params, tokens, alpha)
   # Last dim is the clean vocabulary: no logit for the mask id.
   assert logits.shape == (B, L, V)
-  assert logits.dtype == jnp.float32
+  assert logits.dtype == dtype  # The compute dtype: no float32 copy of [B, L, V] in bfloat16.
   assert bool(jnp.all(jnp.isfinite(logits)))
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   # The embedding has one extra row for the mask id.
@@ -56,7 +63,7 @@ def test_shape_dtype(causal, time_conditioning, dtype):
 def test_causal_masking():
   model = _model(causal=True)
   tokens = _tokens()
-  params = model.init(jax.random.key(1), tokens)
+  params = init(model, jax.random.key(1), tokens)
   j = 5
   changed = tokens.at[:, j].set((tokens[:, j] + 1) % (V + 1))
   a, b = model.apply(params, tokens), model.apply(params, changed)
@@ -67,7 +74,7 @@ def test_causal_masking():
 def test_bidirectional_sees_future():
   model = _model(causal=False)
   tokens = _tokens()
-  params = model.init(jax.random.key(1), tokens)
+  params = init(model, jax.random.key(1), tokens)
   j = L - 1
   changed = tokens.at[:, j].set((tokens[:, j] + 1) % (V + 1))
   a, b = model.apply(params, tokens), model.apply(params, changed)
@@ -78,7 +85,7 @@ def test_bidirectional_sees_future():
 def test_adaln_zero_init_ignores_alpha_until_trained():
   model = _model(time_conditioning="adaln")
   tokens = _tokens()
-  params = model.init(jax.random.key(1), tokens, _alpha(0.1))
+  params = init(model, jax.random.key(1), tokens, _alpha(0.1))
   lo, hi = _alpha(0.1), _alpha(0.9)
   np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, lo)),
                                 np.asarray(model.apply(params, tokens, hi)))
@@ -92,7 +99,7 @@ def test_adaln_zero_init_ignores_alpha_until_trained():
 def test_none_conditioning_ignores_alpha():
   model = _model()
   tokens = _tokens()
-  params = model.init(jax.random.key(1), tokens)
+  params = init(model, jax.random.key(1), tokens)
   assert "time_in" not in params["params"]
   np.testing.assert_array_equal(np.asarray(model.apply(params, tokens)),
                                 np.asarray(model.apply(params, tokens, _alpha(0.5))))
@@ -134,7 +141,7 @@ def test_bad_arguments(kwargs, alpha, match):
 def test_jit_matches_eager():
   model = _model(time_conditioning="adaln")
   tokens, alpha = _tokens(), _alpha(0.7)
-  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  params = _perturb(init(model, jax.random.key(1), tokens, alpha))
   eager = model.apply(params, tokens, alpha)
   jitted = jax.jit(model.apply)(params, tokens, alpha)
   np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-5, atol=1e-5)
@@ -142,7 +149,7 @@ def test_jit_matches_eager():
 
 def test_depth_scaled_init():
   model = _model(num_layers=4, model_dim=64, mlp_dim=256)
-  p = model.init(jax.random.key(0), _tokens())["params"]
+  p = init(model, jax.random.key(0), _tokens())["params"]
   out_std = 0.02 / math.sqrt(2 * 4)
   blk = p["block_0"]
   np.testing.assert_allclose(jnp.std(blk["mlp"]["down"]["kernel"]), out_std, rtol=0.1)
@@ -153,7 +160,7 @@ def test_depth_scaled_init():
 
 def test_count_params_and_flops():
   D, F, N = 32, 64, 2
-  params = _model().init(jax.random.key(0), _tokens())
+  params = init(_model(), jax.random.key(0), _tokens())
   matmul = N * (4 * D * D + 3 * D * F) + D * V
   norms = N * 2 * D + D
   assert count_params(params) == matmul + norms + (V + 1) * D
@@ -170,7 +177,7 @@ _POSITIONS = np.array([[0, 1, 2, 3, 4, 0, 1, 0]] * B, np.int32)
 def test_packed_documents_match_running_each_alone(causal, time_conditioning):
   model = _model(causal=causal, time_conditioning=time_conditioning)
   tokens, alpha = _tokens(), (_alpha() if time_conditioning == "adaln" else None)
-  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  params = _perturb(init(model, jax.random.key(1), tokens, alpha))
   packed = model.apply(params, tokens, alpha, _SEGMENTS, _POSITIONS)
   assert bool(jnp.all(jnp.isfinite(packed)))  # Padding rows too: no NaN.
   doc1 = model.apply(params, tokens[:, :5], alpha)
@@ -182,7 +189,7 @@ def test_packed_documents_match_running_each_alone(causal, time_conditioning):
 def test_segments_block_cross_document_attention():
   model = _model()
   tokens = _tokens()
-  params = _perturb(model.init(jax.random.key(1), tokens))
+  params = _perturb(init(model, jax.random.key(1), tokens))
   apply = lambda t: model.apply(params, t, None, _SEGMENTS, _POSITIONS)
   # Changing document 2 and the padding leaves document 1 exactly unchanged ...
   changed = tokens.at[:, 5:].set((tokens[:, 5:] + 1) % (V + 1))
@@ -205,7 +212,7 @@ def test_segments_block_cross_document_attention():
 def test_one_segment_and_default_positions_match_default():
   model = _model(time_conditioning="adaln")
   tokens, alpha = _tokens(), _alpha()
-  params = _perturb(model.init(jax.random.key(1), tokens, alpha))
+  params = _perturb(init(model, jax.random.key(1), tokens, alpha))
   default = model.apply(params, tokens, alpha)
   ones = jnp.ones_like(tokens)
   arange = jnp.broadcast_to(jnp.arange(L), tokens.shape)
@@ -224,4 +231,63 @@ def test_segment_mask():
 
 def test_bad_segment_shape():
   with pytest.raises(ValueError, match="segment_ids must have"):
-    _model().init(jax.random.key(0), _tokens(), None, jnp.ones((B, L + 1), jnp.int32))
+    init(_model(), jax.random.key(0), _tokens(), None, jnp.ones((B, L + 1), jnp.int32))
+
+
+def _stack_blocks(params, num_layers):
+  """Unrolled params (block_0, block_1, ...) in the scanned layout (blocks/block, layers first)."""
+  params = dict(params)
+  blocks = [params.pop(f"block_{i}") for i in range(num_layers)]
+  params["blocks"] = {"block": jax.tree.map(lambda *layers: jnp.stack(layers), *blocks)}
+  return params
+
+
+@pytest.mark.parametrize("remat, scan_layers, time_conditioning", [
+    ("none", True, "adaln"), ("full", False, "none"), ("save_dots", True, "none")])
+def test_remat_and_scan_equal_the_plain_model(remat, scan_layers, time_conditioning):
+  tokens, alpha = _tokens(), _alpha()
+  plain = _model(time_conditioning=time_conditioning)
+  params = _perturb(jax.jit(lambda: init(plain, jax.random.key(1), tokens, alpha))())["params"]
+  variant = _model(time_conditioning=time_conditioning, remat=remat, scan_layers=scan_layers)
+  variant_params = _stack_blocks(params, 2) if scan_layers else params
+  variant_shapes = jax.eval_shape(lambda: init(variant, jax.random.key(1), tokens, alpha))["params"]
+  assert jax.tree.map(lambda x: x.shape, variant_shapes) == jax.tree.map(lambda x: x.shape, variant_params)
+
+  def loss(model, p):
+    return jnp.sum(model.apply({"params": p}, tokens, alpha) ** 2)
+
+  value, grads = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
+  variant_value, variant_grads = jax.jit(jax.value_and_grad(lambda p: loss(variant, p)))(variant_params)
+  np.testing.assert_allclose(variant_value, value, rtol=1e-5)
+  expected = _stack_blocks(grads, 2) if scan_layers else grads
+  # A different op order: float32 rounding, relative to each leaf's scale.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()),
+               variant_grads, expected)
+
+
+def test_scanned_params_carry_a_layers_axis():
+  model = _model(scan_layers=True)
+  boxed = model.init(jax.random.key(0), _tokens())["params"]
+  kernel = boxed["blocks"]["block"]["attn"]["qkv"]["kernel"]
+  assert kernel.names == ("layers", "embed", "qkv", "heads", "head_dim")
+  assert kernel.value.shape == (2, 32, 3, 4, 8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_splash_attention_matches_xla_attention(causal):
+  # The TPU kernel through its interpreter (any platform): packed documents and padding.
+  batch, length, heads, head_dim = 2, 128, 2, 64
+  q, k, v = jax.random.normal(jax.random.key(0), (3, batch, length, heads, head_dim), jnp.float32)
+  segments = jnp.concatenate([jnp.full((batch, 50), 1), jnp.full((batch, 60), 2),
+                              jnp.zeros((batch, 18))], axis=1).astype(jnp.int32)
+  expected = jax.nn.dot_product_attention(q, k, v, mask=segment_attention_mask(segments),
+                                          is_causal=causal)
+  out = splash_attention(q, k, v, segments, causal, interpret=True)
+  real = np.asarray(segments != 0)
+  np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], rtol=2e-5, atol=2e-5)
+
+
+def test_splash_needs_a_length_divisible_by_128():
+  with pytest.raises(ValueError, match="divisible by 128"):
+    splash_block_size(100)
+  assert splash_block_size(1024) == 512 and splash_block_size(384) == 128

@@ -88,9 +88,13 @@ def test_two_processes_see_disjoint_shards_of_the_global_batch(packing):
             for p in (0, 1)]
   # Rows start with distinct tokens (each token value occurs once in `docs`).
   assert not set(shards[0]) & set(shards[1])
-  # Together the two processes' batches form the single-process batches of twice the size.
-  single = first_tokens(_take(_iterator(docs, packing, batch_size=8), 3))
-  assert sorted(shards[0] + shards[1]) == sorted(single)
+  # Process p holds the p-th block of each single-process batch of twice the size, so the
+  # global batch is the same rows in the same order on any number of processes.
+  single = _take(_iterator(docs, packing, batch_size=8), 3)
+  halves = [_take(_iterator(docs, packing, shard_index=p, shard_count=2), 3) for p in (0, 1)]
+  for i, batch in enumerate(single):
+    for key in KEYS:
+      np.testing.assert_array_equal(np.concatenate([halves[0][i][key], halves[1][i][key]]), batch[key])
 
 
 @pytest.mark.parametrize("packing", pipeline.PACKINGS)
@@ -179,6 +183,10 @@ def test_eval_scores_every_token_exactly_once(packing, shard_count):
       np.testing.assert_array_equal(b["editable"], b["segment_ids"] > 0)
       scored.append(b["tokens"][b["segment_ids"] > 0])
   np.testing.assert_array_equal(np.sort(np.concatenate(scored)), np.sort(docs.tokens))
+  # The global evaluation batches (each process's block side by side) do not depend on the count.
+  whole = list(EvalBatches(docs, seq_len=16, batch_size=4 * shard_count, packing=packing))
+  for i, batch in enumerate(whole):
+    np.testing.assert_array_equal(np.concatenate([list(s)[i]["tokens"] for s in shards]), batch["tokens"])
   assert list(shards[0]) and all((x["tokens"] == y["tokens"]).all()
                                  for x, y in zip(shards[0], shards[0]))  # Re-iterable.
 

@@ -1,0 +1,217 @@
+r"""Compiles a config's train step, eval step and one sampler step for a TPU topology, on any machine.
+
+  pip install -e ".[tpu]"
+  JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/owt.py --topology=v5e:4x4 \
+      [--config.mesh.fsdp=16 --config.mesh.data=1 ...]
+
+libtpu's compiler builds the real sharded programs for the named slice
+(`jax.experimental.topologies`), so whether a config fits, and how fast it
+could run, is known before any TPU is rented. Prints one JSON object:
+
+  fits                 the train step's bytes per chip are within the chip's HBM
+  bytes_per_chip       arguments + outputs + temporaries − aliased (donated) bytes
+  hbm_bytes_per_chip   the chip's HBM
+  flops_ratio          compiled train-step FLOPs summed over all chips / the model's FLOP
+                       formula for the global batch (about 1; above 1 with remat). XLA counts
+                       a loop body once, so a scanned model's FLOPs come from the same step
+                       compiled unrolled at 1 and 2 layers, extrapolated to its depth
+  compile_seconds      the train step's compile time
+  step_seconds_at_mfu  the step time implied at the chip's peak bf16 FLOP/s at 100% and 50% MFU
+
+with the memory breakdown and the eval and sampler steps beside them. A
+config that does not fit prints "fits": false with what it needs (the bytes
+the compiler reports when it refuses the program) and exits 0.
+"""
+
+import json
+import os
+import re
+import time
+from typing import Optional
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+from ml_collections import config_flags
+
+from md4jax import config_lib
+from md4jax import evaluate
+from md4jax import model as model_lib
+from md4jax import sampling
+from md4jax import schedules
+from md4jax import sharding
+from md4jax import state as state_lib
+from md4jax import train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU slice, e.g. v5e:4x4, v5p:2x2x2, v6e:16x16.")
+flags.mark_flags_as_required(["config"])
+
+# Per chip: HBM bytes and peak dense bfloat16 FLOP/s (Cloud TPU documentation).
+CHIPS = {
+    "TPU v4": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 275e12},
+    "TPU v5 lite": {"hbm_bytes": 16 * 2**30, "peak_bf16_flops": 197e12},
+    "TPU v5": {"hbm_bytes": 95 * 2**30, "peak_bf16_flops": 459e12},
+    "TPU v6 lite": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 918e12},
+}
+
+
+def chip_specs(devices) -> dict:
+  """HBM and peak FLOP/s per JAX device (a v4 chip shows up as two devices, one per core)."""
+  kind = devices[0].device_kind
+  if kind not in CHIPS:
+    raise ValueError(f"No HBM/FLOP figures for {kind!r}; known: {', '.join(CHIPS)}.")
+  devices_per_chip = len({d.core_on_chip for d in devices})
+  return {"device_kind": kind, "devices_per_chip": devices_per_chip,
+          "hbm_bytes": CHIPS[kind]["hbm_bytes"] // devices_per_chip,
+          "peak_bf16_flops": CHIPS[kind]["peak_bf16_flops"] / devices_per_chip}
+
+
+def _abstract_batch(rows: int, length: int, mesh) -> dict:
+  spec = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype, sharding=sharding.batch_sharding(mesh))
+  return {"tokens": spec(jnp.int32), "segment_ids": spec(jnp.int32), "positions": spec(jnp.int32),
+          "editable": spec(jnp.bool_)}
+
+
+class DoesNotFit(Exception):
+  """The compiler refused the program: it needs more than the chip's HBM."""
+
+  def __init__(self, message: str, required_bytes: Optional[int]):
+    super().__init__(message)
+    self.required_bytes = required_bytes
+
+
+def _compile(fn, *args) -> tuple:
+  start = time.perf_counter()
+  try:
+    compiled = fn.lower(*args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    # e.g. "... the total memory required for HLO temporaries (28.53G) exceeds available HBM ..."
+    found = re.search(r"required for [^(]*\(([0-9.]+)([KMGT])\)", str(e))
+    required = (int(float(found.group(1)) * 2 ** (10 * "KMGT".index(found.group(2)) + 10))
+                if found else None)
+    raise DoesNotFit(str(e).splitlines()[0], required) from None
+  return compiled, time.perf_counter() - start
+
+
+def _memory(compiled) -> dict:
+  stats = compiled.memory_analysis()
+  memory = {name: int(getattr(stats, f"{name}_size_in_bytes"))
+            for name in ("argument", "output", "temp", "alias", "generated_code")}
+  memory["total"] = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
+  return memory
+
+
+def _flops(compiled) -> float:
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["flops"])
+
+
+def _summary(compiled, seconds: float, num_devices: int) -> dict:
+  return {"compile_seconds": round(seconds, 2), "bytes_per_chip": _memory(compiled)["total"],
+          "memory_breakdown": _memory(compiled), "flops_all_chips": _flops(compiled) * num_devices}
+
+
+def _train_step_compiled(config, mesh):
+  """(compiled train step, compile seconds, abstract state) of `config` on `mesh`."""
+  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
+  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
+  step_fn = train.make_train_step(config, model, optimizer, mesh, abstract)
+  compiled, seconds = _compile(step_fn, abstract,
+                               _abstract_batch(config.batch_size, config.data.seq_len, mesh))
+  return compiled, seconds, abstract
+
+
+def _scanned_train_flops(config, mesh) -> float:
+  """Train-step FLOPs of a scanned model, all chips: XLA's cost analysis counts a loop's body
+  once, so the step is compiled unrolled at 1 and 2 layers (identical layers) and extrapolated
+  linearly to model.num_layers."""
+  flops = []
+  for num_layers in (1, 2):
+    unrolled = config.copy_and_resolve_references()
+    unrolled.model.num_layers, unrolled.model.scan_layers = num_layers, False
+    flops.append(_flops(_train_step_compiled(unrolled, mesh)[0]) * mesh.devices.size)
+  return flops[0] + (config.model.num_layers - 1) * (flops[1] - flops[0])
+
+
+def sampler_step(config, model, mesh):
+  """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted."""
+  schedule = schedules.get_schedule(config.diffusion.schedule)
+
+  def step(params, key):
+    with sharding.activation_rules(mesh):
+      tokens, _ = sampling.sample(
+          key, lambda z, alpha: model.apply({"params": params}, z, alpha),
+          batch_size=config.eval.batch_size, length=config.data.seq_len, schedule=schedule,
+          mask_id=config.data.vocab_size, method="ancestral", num_steps=1)
+    return tokens
+
+  return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
+
+
+def analyze(config, topology: str) -> dict:
+  """The AOT report of `config` on TPU slice `topology` (see the module docstring)."""
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+  specs = chip_specs(devices)
+  mesh = sharding.make_mesh(config, devices)
+  config_lib.validate_config(config, len(devices), "tpu")
+  model = state_lib.build_model(config)
+  seq_len = config.data.seq_len
+  m = config.model
+  model_flops = 3 * model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, seq_len,
+                                              config.data.vocab_size) * config.batch_size * seq_len
+  where = {"topology": topology, "chips": len(devices) // specs["devices_per_chip"],
+           "devices": len(devices), "hosts": len({d.process_index for d in devices}),
+           "device_kind": specs["device_kind"], "mesh": dict(zip(sharding.MESH_AXES, mesh.devices.shape)),
+           "global_batch": config.batch_size, "seq_len": seq_len, "model_flops_per_step": model_flops}
+  try:
+    train_compiled, train_seconds, abstract = _train_step_compiled(config, mesh)
+  except DoesNotFit as e:
+    return {"fits": False, "bytes_per_chip": e.required_bytes, "hbm_bytes_per_chip": specs["hbm_bytes"],
+            "compile_error": str(e), **where}
+  eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+  eval_compiled, eval_seconds = _compile(eval_fn, abstract.ema_params,
+                                         _abstract_batch(config.eval.batch_size, seq_len, mesh), key)
+  sampler_compiled, sampler_seconds = _compile(sampler_step(config, model, mesh), abstract.ema_params, key)
+
+  train_summary = _summary(train_compiled, train_seconds, len(devices))
+  if config.model.scan_layers:
+    train_summary["flops_all_chips"] = _scanned_train_flops(config, mesh)
+    train_summary["flops_counted"] = "unrolled 1- and 2-layer compiles, extrapolated to num_layers"
+  peak = specs["peak_bf16_flops"] * len(devices)
+  return {
+      "fits": train_summary["bytes_per_chip"] <= specs["hbm_bytes"],
+      "bytes_per_chip": train_summary["bytes_per_chip"],
+      "hbm_bytes_per_chip": specs["hbm_bytes"],
+      "flops_ratio": train_summary["flops_all_chips"] / model_flops,
+      "compile_seconds": train_summary["compile_seconds"],
+      "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
+      **where,
+      "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
+      "flop_formula": "3 * md4jax.model.flops_per_token * batch_size * seq_len",
+      "train_step": train_summary,
+      "eval_step": {**_summary(eval_compiled, eval_seconds, len(devices)),
+                    "rows": config.eval.batch_size, "mc_draws": config.eval.num_mc_samples},
+      "sampler_step": {**_summary(sampler_compiled, sampler_seconds, len(devices)),
+                       "rows": config.eval.batch_size},
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  # libtpu takes a machine-wide lock when it loads; compiling for a described topology opens no
+  # TPU, so several of these (or one beside a test run) may share the machine.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  print(json.dumps(analyze(_CONFIG.value, _TOPOLOGY.value), indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,176 @@
+"""The workdir modes of `md4jax.main`: train (then evaluate and sample), eval, sample, frontier.
+
+Each builds a `Run` (mesh, data, model, state restored from the workdir's
+latest checkpoint) and writes its outputs where `md4jax.workdir` says. Only
+process 0 writes JSON, Markdown and plots; orbax checkpoints are written by
+every process (each saves its shards).
+"""
+
+import json
+from typing import Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from md4jax import checkpoint
+from md4jax import config_lib
+from md4jax import data
+from md4jax import evaluate
+from md4jax import frontier
+from md4jax import generate
+from md4jax import metrics_writer
+from md4jax import plots
+from md4jax import report
+from md4jax import sharding
+from md4jax import state as state_lib
+from md4jax import train
+from md4jax import workdir as workdir_lib
+
+
+class Run:
+  """What every mode shares: mesh, data, model, optimizer, and the state restored from the latest
+  checkpoint of the workdir (or a fresh one)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir):
+    self.mesh = sharding.make_mesh(config)
+    config_lib.validate_config(config, self.mesh.devices.size, self.mesh.devices.flat[0].platform)
+    self.config, self.workdir = config, workdir_lib.as_workdir(workdir)
+    self.source = data.make_source(config, self.workdir,
+                                   shard=sharding.process_batch_shard(self.mesh, config.batch_size))
+    self.model, self.optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
+    self.abstract_state = state_lib.abstract_state(config, self.model, self.optimizer, self.mesh)
+    self.manager = checkpoint.make_manager(self.workdir, config.training.max_checkpoints_to_keep)
+    self.iterator = self.source.train_iterator()
+    restored = checkpoint.restore(self.manager, self.abstract_state)
+    self.restored_step: Optional[int] = None
+    if restored is None:
+      self.state = state_lib.init_state(config, self.model, self.optimizer, self.mesh)
+    else:
+      self.restored_step, self.state, data_state = restored
+      self.iterator.set_state(data_state)
+
+  @property
+  def is_writer(self) -> bool:
+    return jax.process_index() == 0
+
+  def evaluate(self, writer: metrics_writer.MetricsWriter, final: bool = True) -> dict:
+    """eval.json and eval.md; the final evaluation also draws the plots and, with a judge,
+    scores the same rows and fresh samples under it."""
+    # The per-t profile is a picture of the final model: periodic evaluations skip its cost.
+    eval_fn = evaluate.make_eval_fn(self.config, self.model, self.mesh, with_profile=final)
+    judge = (evaluate.Judge.from_workdir(self.config.eval.judge_workdir, self.mesh)
+             if final and self.config.eval.judge_workdir else None)
+    results = evaluate.evaluate(self.config, eval_fn, self.state.ema_params, self.source, self.mesh,
+                                judge)
+    if judge is not None:
+      results.update(evaluate.judge_samples(self.config, self.model, self.state.ema_params,
+                                            self.source, judge))
+    step = int(sharding.to_host(self.state.step))
+    writer.write_eval(step, results)
+    if self.is_writer:
+      report.write(self.workdir, {"step": step, **results})
+      if final:
+        plots.write_all(self.workdir)
+    return results
+
+  def sample(self, writer: metrics_writer.MetricsWriter) -> list[dict]:
+    if self.config.sample.num_samples == 0:
+      return []
+    key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 4)
+    tokens, nfe, seconds, trajectory = generate.generate(
+        self.config, self.model, self.state.ema_params, self.source, key,
+        record_trajectory=self.config.sample.trajectory)
+    step = int(sharding.to_host(self.state.step))
+    records = generate.sample_records(tokens, self.source, step, self.config, nfe, seconds)
+    writer.write_samples(records)
+    if trajectory is not None and self.is_writer:
+      generate.write_trajectory(self.workdir, trajectory, self.source,
+                                mask_id=self.config.data.vocab_size, nfe=nfe)
+    return records
+
+  def close(self):
+    self.manager.wait_until_finished()  # A pending async save completes even on error.
+    self.iterator.close()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
+  """Trains (resuming from the latest checkpoint in workdir), then evaluates and samples."""
+  run = Run(config, workdir)
+  if run.restored_step is not None:
+    print(f"Resuming from the checkpoint of step {run.restored_step} in {run.workdir.checkpoints}.")
+  if run.is_writer:
+    run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
+  writer = metrics_writer.MetricsWriter(run.workdir, drop_records_after=run.restored_step or 0)
+  try:
+    step_fn = train.make_train_step(config, run.model, run.optimizer, run.mesh, run.abstract_state)
+
+    def evaluate_now(state):
+      run.state = state
+      run.evaluate(writer, final=False)
+
+    run.state = train.train_loop(config, run.state, step_fn, run.iterator, run.mesh, run.manager,
+                                 writer, run.restored_step, evaluate_now)
+    results = run.evaluate(writer)
+    records = run.sample(writer)
+  finally:
+    run.close()
+    writer.close()
+  print(evaluate.summary(results))
+  for record in records[:2]:
+    print("sample:", record["text"])
+  if records and "true_bits_per_token" in records[0]:
+    sample_bits = np.mean([record["true_bits_per_token"] for record in records])
+    print(f"samples: {sample_bits:.4f} bits/token under the true language "
+          f"(mean over {len(records)}; the entropy is {results['true_bits_per_token']:.4f})")
+  return results
+
+
+def _restored_run(config: ml_collections.ConfigDict, workdir) -> Run:
+  run = Run(config, workdir)
+  if run.restored_step is None:
+    raise FileNotFoundError(f"No checkpoint in {run.workdir.checkpoints}; "
+                            "run --mode=train on this workdir first.")
+  return run
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
+  """--mode=eval: evaluates the EMA params of the latest checkpoint into eval.json."""
+  run = _restored_run(config, workdir)
+  writer = metrics_writer.MetricsWriter(run.workdir)
+  try:
+    results = run.evaluate(writer)
+  finally:
+    run.close()
+    writer.close()
+  print(evaluate.summary(results))
+  return results
+
+
+def sample_checkpoint(config: ml_collections.ConfigDict, workdir) -> list[dict]:
+  """--mode=sample: samples from the EMA params of the latest checkpoint into samples.jsonl."""
+  run = _restored_run(config, workdir)
+  writer = metrics_writer.MetricsWriter(run.workdir)
+  try:
+    records = run.sample(writer)
+  finally:
+    run.close()
+    writer.close()
+  for record in records:
+    print(json.dumps({k: v for k, v in record.items() if k != "step"}))
+  return records
+
+
+def frontier_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
+  """--mode=frontier: sweeps samplers of the latest checkpoint into frontier.json and its plot."""
+  run = _restored_run(config, workdir)
+  try:
+    judge = (evaluate.Judge.from_workdir(config.eval.judge_workdir, run.mesh)
+             if config.eval.judge_workdir else None)
+    results = frontier.run(config, run.model, run.state.ema_params, run.source, judge)
+    if run.is_writer:
+      for path in frontier.write(run.workdir, results):
+        print(f"Wrote {path}")
+  finally:
+    run.close()
+  return results

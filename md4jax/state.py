@@ -1,0 +1,90 @@
+"""Building a run: the model, the optimizer and the train state, sharded over a mesh.
+
+The state is created directly with its shardings: params, optimizer state and
+EMA follow the model's logical axis names through `md4jax.sharding`'s rules,
+so an FSDP mesh never holds a full copy of any of them on one device.
+"""
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from md4jax import model as model_lib
+from md4jax import sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer steps taken.
+  params: Any
+  opt_state: Any
+  ema_params: Any  # Used for evaluation and sampling.
+  rng: jax.Array  # Raw uint32 key; step k uses fold_in(rng, k).
+
+
+def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
+  m = config.model
+  return model_lib.Transformer(
+      vocab_size=config.data.vocab_size, num_layers=m.num_layers, model_dim=m.model_dim,
+      num_heads=m.num_heads, mlp_dim=m.mlp_dim, causal=m.type == "ar",
+      time_conditioning=m.time_conditioning, dtype=jnp.dtype(m.dtype), attention=m.attention,
+      remat=m.remat, scan_layers=m.scan_layers)
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup from 0 to the peak, then cosine decay to 0 at the last step."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=config.optimizer.learning_rate,
+      warmup_steps=config.optimizer.warmup_steps, decay_steps=config.num_train_steps, end_value=0.0)
+
+
+def weight_decay_mask(params) -> Any:
+  """True for matrices; norm scales, biases and other vectors are not decayed."""
+  def decays(path, param):
+    return param.ndim >= 2 and not any("norm" in str(getattr(k, "key", k)) for k in path)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  opt = config.optimizer
+  return optax.chain(
+      optax.clip_by_global_norm(opt.grad_clip_norm),
+      optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
+                  weight_decay=opt.weight_decay, mask=weight_decay_mask))
+
+
+def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> TrainState:
+  """A fresh state whose params (and the optimizer state and EMA made from them) are still boxed
+  with their logical axis names."""
+  params_rng, step_rng = jax.random.split(rng)
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  params = model.init(params_rng, tokens, jnp.ones((1,)))["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    ema_params=jax.tree.map(jnp.copy, params), rng=step_rng)
+
+
+def abstract_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:
+  """The state's shapes, dtypes and shardings on `mesh`, without allocating it."""
+  boxed = jax.eval_shape(functools.partial(_boxed_state, config, model, optimizer),
+                         jax.random.PRNGKey(config.seed))
+  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                      nn.meta.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
+def state_shardings(state: TrainState) -> TrainState:
+  """The sharding of every leaf of a state or of its abstract_state."""
+  return jax.tree.map(lambda leaf: leaf.sharding, state)
+
+
+def init_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:
+  """A fresh TrainState, created directly with its shardings."""
+  shardings = state_shardings(abstract_state(config, model, optimizer, mesh))
+  init = lambda rng: nn.meta.unbox(_boxed_state(config, model, optimizer, rng))
+  return jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(config.seed))
