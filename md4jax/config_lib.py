@@ -135,6 +135,41 @@ def load_config(name: str) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
+# Keys that decide what a checkpoint holds (its params' shapes, its vocabulary, the data and
+# tokenizer its data state refers to): a resumed run may not change them. Every other key
+# (steps, logging, evaluation, sampling, batch size, optimizer, training, mesh, model.dtype,
+# model.remat, model.attention, diffusion.schedule) may change between runs of one workdir.
+CHECKPOINT_KEYS = (
+    "seed", "data.dataset", "data.vocab_size", "data.seq_len", "data.path", "data.tokenizer",
+    "data.bpe_vocab_size", "data.tokenizer_path", "data.packing", "data.text_field",
+    "data.prompt_field", "data.response_field", "data.language_seed", "data.concentration",
+    "model.type", "model.num_layers", "model.model_dim", "model.num_heads", "model.mlp_dim",
+    "model.time_conditioning", "model.scan_layers")
+
+
+def resume_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """"key: old → new" for each CHECKPOINT_KEYS entry that differs from the saved config's."""
+  changes = []
+  for name in CHECKPOINT_KEYS:
+    old = functools.reduce(lambda d, k: d.get(k, {}) if isinstance(d, dict) else {},
+                           name.split("."), saved)
+    new = _value(config, name)
+    if old != {} and old != new:  # {}: a key older checkpoints did not have.
+      changes.append(f"{name}: {old!r} → {new!r}")
+  return changes
+
+
+def check_resume(saved: dict, config: ml_collections.ConfigDict, where):
+  """Raises ValueError naming every key whose change the checkpoints in `where` cannot follow."""
+  changes = resume_changes(saved, config)
+  if changes:
+    raise ValueError(
+        f"Cannot resume from the checkpoints in {where}: this config changes what they hold "
+        f"({'; '.join(changes)}). Run with the old values, or use a new --workdir. Keys that "
+        "may change on resume: steps, logging, eval, sample, batch size, optimizer, training, "
+        "mesh, model.dtype/remat/attention, diffusion.schedule.")
+
+
 def _value(config, name: str):
   """The value of a dotted key such as "eval.discrete_steps"."""
   return functools.reduce(getattr, name.split("."), config)

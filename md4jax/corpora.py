@@ -18,6 +18,7 @@ Sources:
 Nothing downloads unless `download_text8` or a network loader is called.
 """
 
+import codecs
 import dataclasses
 import json
 import pathlib
@@ -63,6 +64,31 @@ def download_text8(dest) -> pathlib.Path:
   return dest
 
 
+def not_utf8_error(path, data: Optional[bytes] = None) -> ValueError:
+  """A one-line error naming the first byte of `path` (or of its `data`) that is not UTF-8."""
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset, line = 0, 1
+  chunks = [data] if data is not None else _chunks(path)
+  for chunk in chunks:
+    try:
+      decoder.decode(chunk)
+    except UnicodeDecodeError as e:
+      bad = offset + max(e.start - (len(e.object) - len(chunk)), 0)
+      line += chunk[:max(bad - offset, 0)].count(b"\n")
+      return ValueError(f"{path} is not UTF-8 text: byte {bad} (line {line}) is "
+                        f"{chunk[bad - offset:bad - offset + 1]!r}; save it as UTF-8, or point "
+                        "config.data.path at text files.")
+    offset += len(chunk)
+    line += chunk.count(b"\n")
+  return ValueError(f"{path} is not UTF-8 text; save it as UTF-8.")
+
+
+def _chunks(path, size: int = 1 << 20):
+  with open(path, "rb") as f:
+    while chunk := f.read(size):
+      yield chunk
+
+
 def read_text8(path) -> str:
   """The text of a text8-format file (or a .zip holding one), validated."""
   path = pathlib.Path(path)
@@ -74,9 +100,13 @@ def read_text8(path) -> str:
       names = [n for n in zf.namelist() if not n.endswith("/")]
       if len(names) != 1:
         raise ValueError(f"{path} should hold exactly one file (text8), found {names[:5]}.")
-      text = zf.read(names[0]).decode("utf-8")
+      raw = zf.read(names[0])
   else:
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError:
+    raise not_utf8_error(path, raw) from None
   # Editors append a line break; anything else outside the alphabet is an error.
   text = text.rstrip("\r\n")
   if not text:
@@ -157,6 +187,13 @@ def _read_documents(path: pathlib.Path, text_field: str,
   if pair_fields and not is_jsonl:
     raise ValueError(f"{path}: conditional data is JSONL ({'/'.join(JSONL_SUFFIXES)} files with "
                      f"{pair_fields[0]!r} and {pair_fields[1]!r} fields per line), not {path.suffix!r}.")
+  try:
+    yield from _read_lines(path, text_field, pair_fields, is_jsonl)
+  except UnicodeDecodeError:
+    raise not_utf8_error(path) from None
+
+
+def _read_lines(path: pathlib.Path, text_field: str, pair_fields: Optional[tuple], is_jsonl: bool):
   # newline="\n" splits lines exactly as _count_documents does on bytes.
   with open(path, encoding="utf-8", newline="\n") as f:
     for line_no, line in enumerate(f, 1):

@@ -1,4 +1,4 @@
-"""Forward (masking) process and the masked-diffusion NELBO.
+"""The masked-diffusion NELBO (the forward process itself is in `md4jax.masking`).
 
 Pure functions over arrays and a denoiser callable (MATH.md has the formulas):
 
@@ -22,160 +22,30 @@ ends fully revealed. With them the bound equals ∫_0^1 h dλ for every schedule
 λ uniform on its interval. The discrete-time bound replaces the first integral
 by Σ_i (α(t_{i−1}) − α(t_i)) h(1 − α(t_i)) on the grid t_i = i/T.
 
-No truncation t ≥ ε is applied anywhere: t is drawn in (0, 1] and a weight
-only multiplies positions that are masked.
+No truncation t ≥ ε is applied to these schedules: t is drawn in (0, 1] and a
+weight only multiplies positions that are masked.
+
+A state-dependent schedule (`schedule.state_dependent`, GenMD4) masks each
+token value at its own rate; `nelbo` then evaluates `md4jax.genmd4`'s bound
+and calls denoise_fn(z_t, t) with the time t [B].
 """
 
 import math
-from typing import Callable, Optional
+from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from md4jax import genmd4
+from md4jax import masking
 from md4jax import schedules as schedules_lib
-
-Array = jax.Array
-DenoiseFn = Callable[[Array, Array], Array]  # (z_t [B, L], alpha_t [B]) -> logits [B, L, V]
+# The forward process, re-exported: callers know them as diffusion.corrupt etc.
+from md4jax.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_denoiser, corrupt,  # noqa: F401
+                            cross_entropy, masked_cross_entropy, row_keys, sample_times,
+                            subs_log_probs)
 
 ESTIMATORS = ("standard", "forced_target", "mask_count")
-T_SAMPLINGS = ("uniform", "stratified")
-
-
-def row_keys(key: Array, batch_size: int, row_index: Optional[Array] = None) -> Array:
-  """One key per row [B, ...]: fold_in(key, row_index[b]) (default b), or `key` if it already is.
-
-  Drawing each row from a key of its index in the global batch makes every
-  draw independent of how the batch is split: over devices, processes or
-  gradient-accumulation microbatches.
-  """
-  if _is_per_row(key):
-    return key
-  index = jnp.arange(batch_size) if row_index is None else row_index
-  return jax.vmap(jax.random.fold_in, (None, 0))(key, index)
-
-
-def _is_per_row(key: Array) -> bool:
-  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-  return key.ndim == (1 if typed else 2)
-
-
-def _uniform(key: Array, shape: tuple) -> Array:
-  """U[0, 1) of `shape` [B, ...]; per-row keys draw each row from its own key."""
-  if _is_per_row(key):
-    return jax.vmap(lambda k: jax.random.uniform(k, shape[1:]))(key)
-  return jax.random.uniform(key, shape)
-
-
-def _split(key: Array, num: int) -> tuple:
-  """`num` independent keys (or per-row key arrays) from one."""
-  if _is_per_row(key):
-    return tuple(jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(key), 0, 1))
-  return tuple(jax.random.split(key, num))
-
-
-def corrupt(key: Array, x: Array, alpha_t, *, mask_id: int, editable: Optional[Array] = None) -> Array:
-  """Forward process q(z_t | x): keep each editable token with prob alpha_t, else mask it.
-
-  Args:
-    key: a PRNG key, or one key per row (`row_keys`).
-    x: clean tokens [B, L].
-    alpha_t: survival probability, a scalar or one per sequence [B].
-    editable: bool [B, L]; False positions (padding, prompt) never change.
-  Returns:
-    z_t [B, L], same dtype as x.
-  """
-  alpha = jnp.asarray(alpha_t)
-  if alpha.ndim == 1:
-    alpha = alpha[:, None]
-  keep = _uniform(key, x.shape) < alpha
-  if editable is not None:
-    keep = keep | ~editable
-  return jnp.where(keep, x, mask_id).astype(x.dtype)
-
-
-def _check_vocab(logits: Array, mask_id: int):
-  if logits.shape[-1] != mask_id:
-    raise ValueError(
-        f"The denoiser returned {logits.shape[-1]} logits per position but mask_id is {mask_id}: "
-        "logits must cover exactly the clean vocabulary [0, mask_id), with the mask id one past it.")
-
-
-def subs_log_probs(logits: Array, z_t: Array, *, mask_id: int) -> Array:
-  """SUBS parameterization: log p_θ(· | z_t) over the clean vocabulary [B, L, V].
-
-  The one place where it is applied: the mask can never be predicted (there is
-  no logit for it), and a visible position carries its token over with
-  probability one (log-prob 0 on it, −inf elsewhere).
-  """
-  _check_vocab(logits, mask_id)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  visible = (z_t != mask_id)[..., None]
-  carried = jnp.where(jax.nn.one_hot(z_t, mask_id, dtype=jnp.bool_), 0.0, -jnp.inf)
-  return jnp.where(visible, carried, log_probs)
-
-
-@jax.custom_vjp
-def cross_entropy(logits: Array, labels: Array) -> Array:
-  """−log softmax(logits)[label], [...] float32, for logits [..., V] of any float dtype.
-
-  The math is float32, yet the backward pass keeps only the logits (in their
-  own dtype) and the float32 log-normalizer [...]: no float32 [..., V] copy
-  (of the logits or of the softmax) stays alive between the passes, which at
-  V = 50k would be the largest buffer of a training step. Its gradient
-  softmax − one_hot is recomputed elementwise, in one fused pass.
-  """
-  return _cross_entropy_forward(logits, labels)[0]
-
-
-def _cross_entropy_forward(logits, labels):
-  logits32 = logits.astype(jnp.float32)
-  log_normalizer = jax.nn.logsumexp(logits32, axis=-1)
-  label_logit = jnp.take_along_axis(logits32, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return log_normalizer - label_logit, (logits, labels, log_normalizer)
-
-
-def _cross_entropy_backward(residuals, grad):
-  logits, labels, log_normalizer = residuals
-  probs = jnp.exp(logits.astype(jnp.float32) - log_normalizer[..., None])
-  one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
-  return ((probs - one_hot) * grad[..., None]).astype(logits.dtype), None
-
-
-cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
-
-
-def masked_cross_entropy(logits: Array, x: Array, z_t: Array, *, mask_id: int) -> Array:
-  """−log p_θ(x_ℓ | z_t) at masked positions, 0 at visible ones (never scored). [B, L].
-
-  This is `subs_log_probs` read at x: a visible position's log-prob of its own
-  token is 0, so only masked positions contribute, each with −log softmax.
-  """
-  _check_vocab(logits, mask_id)
-  return jnp.where(z_t == mask_id, cross_entropy(logits, x), 0.0)
-
-
-def sample_times(key: Array, batch_size: int, t_sampling: str = "stratified", *,
-                 row_index: Optional[Array] = None, num_rows: Optional[int] = None) -> Array:
-  """t in (0, 1], [B], for rows row_index (default 0..B−1) of a global batch of num_rows (default B).
-
-  "stratified": t_b = 1 − ((u + row_index[b] / num_rows) mod 1), one u for the
-  whole global batch, so each row's stratum comes from its global index;
-  "uniform": independent t_b, each from its row's key. Either way a row's t
-  does not depend on how the batch is split.
-  """
-  num_rows = batch_size if num_rows is None else num_rows
-  index = jnp.arange(batch_size) if row_index is None else row_index
-  if t_sampling == "uniform":
-    u = _uniform(row_keys(key, batch_size, index), (batch_size,))
-  elif t_sampling == "stratified":
-    u = jnp.mod(jax.random.uniform(key, ()) + index / num_rows, 1.0)
-  else:
-    raise ValueError(f"Unknown t_sampling {t_sampling!r}; valid: {', '.join(T_SAMPLINGS)}.")
-  return 1.0 - u  # u in [0, 1), so t is never 0 and the weight stays finite.
-
-
-def _editable_or_all(x: Array, editable: Optional[Array]) -> Array:
-  return jnp.ones(x.shape, jnp.bool_) if editable is None else editable.astype(jnp.bool_)
 
 
 def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, mask_id, estimator,
@@ -192,8 +62,8 @@ def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, mask_id, estimator,
     z_t = corrupt(key, x, alpha_t, mask_id=mask_id, editable=editable)
     ce = masked_cross_entropy(denoise_fn(z_t, alpha_t), x, z_t, mask_id=mask_id)
     return per_mask_weight * ce.sum(-1)
-  target_key, mask_key = _split(key, 2)
-  scores = jnp.where(editable, _uniform(target_key, x.shape), -1.0)
+  target_key, mask_key = masking.split_keys(key, 2)
+  scores = jnp.where(editable, masking.uniform(target_key, x.shape), -1.0)
   target = jnp.argmax(scores, axis=-1)  # Uniform among editable positions.
   forced = jax.nn.one_hot(target, x.shape[-1], dtype=jnp.bool_) & editable
   z_t = corrupt(mask_key, x, alpha_t, mask_id=mask_id, editable=editable & ~forced)
@@ -210,7 +80,7 @@ def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t:
 
   Its mean over t ~ U(0, 1] is the schedule's part of L∞ (no endpoint terms).
   """
-  editable = _editable_or_all(x, editable)
+  editable = masking.editable_or_all(x, editable)
   return _weighted_term(key, denoise_fn, x, schedule.alpha(t), editable, mask_id=mask_id,
                         estimator=estimator, per_mask_weight=schedule.weight(t),
                         rate_weight=-schedule.dalpha(t))
@@ -229,8 +99,8 @@ def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask
 
 def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator):
   """One draw of ∫_low^high h(λ) dλ with λ uniform on (low, high]."""
-  time_key, term_key = _split(key, 2)
-  mask_rate = high - (high - low) * _uniform(time_key, (x.shape[0],))
+  time_key, term_key = masking.split_keys(key, 2)
+  mask_rate = high - (high - low) * masking.uniform(time_key, (x.shape[0],))
   return _weighted_term(term_key, denoise_fn, x, 1.0 - mask_rate, editable, mask_id=mask_id,
                         estimator=estimator, per_mask_weight=(high - low) / mask_rate,
                         rate_weight=jnp.full_like(mask_rate, high - low))
@@ -247,7 +117,7 @@ def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
   """
   n_editable = editable.sum(-1)
   num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
-  scores = jnp.where(editable, _uniform(key, x.shape), 2.0)  # Non-editable sort last.
+  scores = jnp.where(editable, masking.uniform(key, x.shape), 2.0)  # Non-editable sort last.
   order = jnp.argsort(scores, axis=-1)
   # Ranks, not a threshold: float32 uniforms tie often enough at long L to mask k + 1.
   masked = editable & (jnp.argsort(order, axis=-1) < num_masked[:, None])
@@ -262,14 +132,16 @@ def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
 def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
           editable: Optional[Array] = None, num_steps: Optional[int] = None,
           estimator: str = "standard", t_sampling: str = "stratified",
-          row_index: Optional[Array] = None, num_rows: Optional[int] = None) -> Array:
+          row_index: Optional[Array] = None, num_rows: Optional[int] = None,
+          reconstruction_time: float = 1e-4) -> Array:
   """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
 
   Args:
     key: PRNG key. Row b draws from fold_in(key, row_index[b]) (and, stratified,
       from one u shared by the global batch), so its estimate depends on its
       global index only, never on how the batch is split.
-    denoise_fn: (z_t, alpha_t) -> logits [B, L, mask_id].
+    denoise_fn: (z_t, alpha_t) -> logits [B, L, mask_id]; (z_t, t) for a
+      state-dependent schedule.
     x: clean tokens [B, L] in [0, mask_id).
     schedule: a `md4jax.schedules` schedule (or its name).
     mask_id: the mask id, == V.
@@ -283,6 +155,8 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
     t_sampling: "uniform" or "stratified" (low-discrepancy over the batch).
     row_index: int [B], the rows' indices in the global batch (default 0..B−1).
     num_rows: the global batch size (default B); stratified t uses it.
+    reconstruction_time: state-dependent schedules only: the ε below which
+      one reconstruction step reveals everything (`md4jax.genmd4`); 0 = none.
   Returns:
     Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
   """
@@ -296,13 +170,25 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if estimator == "mask_count" and num_steps is not None:
     raise ValueError("estimator='mask_count' estimates the continuous-time bound only; "
                      "use 'standard' or 'forced_target' with num_steps.")
+  if schedule.state_dependent and estimator != "standard":
+    raise ValueError(f"A state-dependent schedule ({schedule.name}) has its own bound; "
+                     f"estimator={estimator!r} applies to mask-rate schedules only, use 'standard'.")
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
-  editable = _editable_or_all(x, editable)
+  chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
+  if editable is not None:
+    chex.assert_shape(editable, x.shape, custom_message="nelbo: editable must have x's shape [B, L]")
+  if row_index is not None:
+    chex.assert_shape(row_index, x.shape[:1], custom_message="nelbo: row_index must be [B]")
+  editable = masking.editable_or_all(x, editable)
+  denoise_fn = checked_denoiser(denoise_fn, mask_id)
   time_key, draw_key = jax.random.split(key)
   u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
-  main_key, recon_key, prior_key = _split(row_keys(draw_key, x.shape[0], row_index), 3)
+  main_key, recon_key, prior_key = masking.split_keys(row_keys(draw_key, x.shape[0], row_index), 3)
   kwargs = dict(mask_id=mask_id)
+  if schedule.state_dependent:
+    return genmd4.nelbo(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps,
+                        reconstruction_time=reconstruction_time, **kwargs)
   if estimator == "mask_count":
     return _mask_count_term(main_key, denoise_fn, x, u, editable, **kwargs)
   kwargs["estimator"] = estimator
@@ -319,7 +205,7 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
 
 def num_valid_tokens(x: Array, editable: Optional[Array] = None) -> Array:
   """Number of tokens each sequence is scored on, [B] (the per-token denominator)."""
-  return _editable_or_all(x, editable).sum(-1)
+  return masking.editable_or_all(x, editable).sum(-1)
 
 
 def bits_per_token(total_nats, num_tokens):

@@ -272,7 +272,7 @@ def load_judge(judge_workdir, mesh):
   restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
   if restored is None:
     raise FileNotFoundError(f"No checkpoint in {workdir.checkpoints} (the judge).")
-  return config, model, restored[1].ema_params
+  return config, model, restored.state.ema_params
 
 
 class Judge:
@@ -341,7 +341,7 @@ def judge_samples(config: ml_collections.ConfigDict, model, params, source, judg
   judged = config.copy_and_resolve_references()
   judged.sample.num_samples = config.eval.num_judged_samples
   tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)
-  prompt_length = len(source.encode(config.sample.prompt)) if config.sample.prompt else 0
+  prompt_length = len(generate.encode_prompt(config, source))
   return {**judge.score(tokens, prompt_length), "judge_workdir": judge.workdir,
           "num_judged_samples": int(len(tokens)), "sampler": {**run, "nfe": nfe}}
 

@@ -120,5 +120,5 @@ def write(workdir, results: dict) -> list[pathlib.Path]:
   json_path = workdir.frontier_json
   json_path.write_text(json.dumps(results, indent=2) + "\n")
   png_path = workdir.plot("frontier.png")
-  plots.frontier(results, png_path)
+  plots.draw_frontier(results, png_path)
   return [json_path, png_path]

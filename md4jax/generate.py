@@ -58,6 +58,23 @@ def settings(config: ml_collections.ConfigDict) -> dict:
   }
 
 
+def encode_prompt(config: ml_collections.ConfigDict, source) -> np.ndarray:
+  """config.sample.prompt's ids; ValueError naming sample.prompt if it cannot be encoded or
+  leaves nothing to generate."""
+  prompt, length = config.sample.prompt, config.sample.length or config.data.seq_len
+  if not prompt:
+    return np.zeros((0,), np.int32)
+  try:
+    ids = np.asarray(source.encode(prompt), np.int32)
+  except ValueError as e:
+    raise ValueError(f"sample.prompt={prompt!r} cannot be encoded: {e}") from None
+  if len(ids) >= length:
+    raise ValueError(f"sample.prompt is {len(ids)} tokens but samples are {length} "
+                     "(sample.length, or data.seq_len when 0): nothing would be generated; "
+                     "shorten the prompt or raise sample.length.")
+  return ids
+
+
 def _timed(fn, *args):
   """Compiles fn, then runs it once: (outputs, seconds of the run alone)."""
   compiled = jax.jit(fn).lower(*args).compile()
@@ -71,7 +88,7 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
   """Samples config.sample.num_samples sequences: (tokens [n, length], nfe, seconds, trajectory)."""
   cfg, run = config.sample, settings(config)
   vocab_size, seq_len, length = config.data.vocab_size, config.data.seq_len, run["length"]
-  prompt_ids = np.asarray(source.encode(cfg.prompt) if cfg.prompt else [], np.int32)
+  prompt_ids = encode_prompt(config, source)
   # Host arrays: with params spread over several processes, jit places them on every device.
   prompt = np.zeros((length,), np.int32)
   prompt[:len(prompt_ids)] = prompt_ids

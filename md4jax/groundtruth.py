@@ -72,21 +72,26 @@ class MarkovLanguage:
     return jnp.concatenate([first[:, None], rest.T], axis=1).astype(jnp.int32)
 
   # ---- Exact denoiser ----
-  def denoise_fn(self, mask_id: int):
+  def denoise_fn(self, mask_id: int, schedule=None):
     """The exact SUBS denoiser: logits of p(x_ℓ | visible tokens) at every position.
 
-    Forward–backward over the chain, batched and jit-able; it ignores α (the
-    posterior given z_t does not depend on time for the absorbing process).
+    Forward–backward over the chain, batched and jit-able. With a mask-rate
+    schedule (or none) it ignores its second argument: the posterior given z_t
+    does not depend on time. With a state-dependent schedule it is called as
+    (z_t, t [B]) and a hidden position's evidence for value k is the
+    probability 1 − α_k(t) that k would have been masked (MATH.md, "Oracle").
     """
+    state_dependent = schedule is not None and schedule.state_dependent
     if mask_id != self.vocab_size:
       raise ValueError(f"mask_id must be vocab_size ({self.vocab_size}), got {mask_id}.")
     initial = jnp.asarray(self.initial, jnp.float32)
     transition = jnp.asarray(self.transition, jnp.float32)
 
-    def denoise(z_t: Array, alpha_t: Array = None) -> Array:
-      del alpha_t
-      # evidence[ℓ, b, k] = 1 if position ℓ may hold token k given z_t.
-      evidence = jnp.where((z_t == mask_id)[..., None], 1.0,
+    def denoise(z_t: Array, time: Array = None) -> Array:
+      # evidence[ℓ, b, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
+      hidden = (schedule.mask_prob(time)[:, None, :].astype(jnp.float32) if state_dependent
+                else 1.0)
+      evidence = jnp.where((z_t == mask_id)[..., None], hidden,
                            jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)).transpose(1, 0, 2)
 
       def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.

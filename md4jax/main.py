@@ -15,6 +15,7 @@ same --coordinator_address=HOST:PORT and --num_processes=N and its own
 """
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -22,7 +23,9 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from md4jax import checkpoint
 from md4jax import modes
+from md4jax import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (configs/*.py).", lock_config=True)
@@ -34,7 +37,15 @@ _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", 100,
+    "Several processes: when one stops answering (a dead host) for this long, the others end "
+    "with an error instead of waiting for it forever.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+# Errors about the user's config, files or workdir: reported in one line, without a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, UnicodeDecodeError, workdir_lib.WorkdirError,
+               checkpoint.CheckpointError)
 
 _MODES = {"train": modes.train_and_evaluate, "eval": modes.evaluate_checkpoint,
           "sample": modes.sample_checkpoint, "frontier": modes.frontier_checkpoint}
@@ -53,9 +64,10 @@ def _initialize_distributed():
     if any(value is None for value in given):
       raise app.UsageError("--coordinator_address, --num_processes and --process_id go together.")
     jax.distributed.initialize(coordinator_address=_COORDINATOR_ADDRESS.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                               heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
   elif _in_multiprocess_cluster():
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
 
 
 def main(argv):
@@ -64,7 +76,14 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   _initialize_distributed()
-  _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)
+  try:
+    _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)
+  except USER_ERRORS as e:
+    if flags.FLAGS["verbosity"].present:
+      raise
+    # What the user must fix, in one line; --verbosity=1 shows the traceback.
+    print(f"md4jax: error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

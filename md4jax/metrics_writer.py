@@ -6,7 +6,6 @@ Only process 0 writes. TensorBoard events come from tensorboardX (no TensorFlow)
 import json
 import math
 import sys
-from typing import Optional
 
 import jax
 import tensorboardX
@@ -22,24 +21,31 @@ def _to_json(value):
 class MetricsWriter:
   """Appends train metrics, writes eval results and samples, mirrors scalars to TensorBoard."""
 
-  def __init__(self, workdir, drop_records_after: Optional[int] = None):
-    """drop_records_after: a training run's start step; later metrics.jsonl records are redone."""
+  def __init__(self, workdir):
     self.workdir = workdir_lib.as_workdir(workdir)
     self.active = jax.process_index() == 0
-    if not self.active:
-      return
-    self.workdir.root.mkdir(parents=True, exist_ok=True)
-    if drop_records_after is not None:
-      self._drop_records_after(drop_records_after)
-    self._tensorboard = tensorboardX.SummaryWriter(str(self.workdir.tensorboard))
+    self._events = None  # Opened by the first scalar: a run that fails first writes no file.
 
-  def _drop_records_after(self, step: int):
-    """A run killed after its last checkpoint logged steps it will redo on resume; drop them."""
+  @property
+  def _tensorboard(self) -> tensorboardX.SummaryWriter:
+    if self._events is None:
+      self._events = tensorboardX.SummaryWriter(str(self.workdir.tensorboard))
+    return self._events
+
+  def drop_records_after(self, step: int):
+    """A training run resumes at `step`: its later metrics.jsonl records (logged by a run killed
+    after its last checkpoint) are redone, so they are dropped."""
     path = self.workdir.metrics_jsonl
-    if not path.exists():
+    if not self.active or not path.exists():
       return
-    lines = path.read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = []
+    for line in path.read_text().splitlines():
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue  # The end of a line cut by a kill: the step is redone.
+      if record["step"] <= step:
+        kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))
 
   def write_train(self, step: int, metrics: dict):
@@ -71,8 +77,8 @@ class MetricsWriter:
         f.write(json.dumps({k: _to_json(v) for k, v in record.items()}) + "\n")
 
   def close(self):
-    if self.active:
-      self._tensorboard.close()
+    if self._events is not None:
+      self._events.close()
 
 
 class ProgressLine:

@@ -10,6 +10,7 @@ mesh in context the names change nothing.
 """
 import math
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -329,6 +330,8 @@ class Transformer(nn.Module):
     positions [B, L] int (restarting per document) or None (0 .. L-1) feed RoPE.
     """
     self._check_config(alpha)
+    chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
+    chex.assert_type(tokens, int, custom_message="Transformer: tokens must be integer ids")
     mask = None
     if segment_ids is not None:
       segment_ids = jnp.asarray(segment_ids)

@@ -1,15 +1,21 @@
 """The workdir modes of `md4jax.main`: train (then evaluate and sample), eval, sample, frontier.
 
 Each builds a `Run` (mesh, data, model, state restored from the workdir's
-latest checkpoint) and writes its outputs where `md4jax.workdir` says. Only
-process 0 writes JSON, Markdown and plots; orbax checkpoints are written by
-every process (each saves its shards).
+latest readable checkpoint) and writes its outputs where `md4jax.workdir`
+says. Only process 0 writes JSON, Markdown and plots; orbax checkpoints are
+written by every process (each saves its shards).
+
+train, eval and sample hold the workdir's lock: a second one on the same
+workdir is refused. frontier writes only frontier.json and plots/frontier.png,
+which nothing else writes, so it may run beside training without the lock.
 """
 
+import contextlib
 import json
-from typing import Optional
+from typing import Iterator, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -21,6 +27,7 @@ from md4jax import frontier
 from md4jax import generate
 from md4jax import metrics_writer
 from md4jax import plots
+from md4jax import preemption
 from md4jax import report
 from md4jax import sharding
 from md4jax import state as state_lib
@@ -29,26 +36,35 @@ from md4jax import workdir as workdir_lib
 
 
 class Run:
-  """What every mode shares: mesh, data, model, optimizer, and the state restored from the latest
-  checkpoint of the workdir (or a fresh one)."""
+  """What every mode shares: mesh, data, model, optimizer, and the state restored from the newest
+  readable checkpoint of the workdir (or a fresh one).
+
+  Before any data is read, a resumed config is checked against the checkpoint's: a change
+  of what the checkpoint holds (config_lib.CHECKPOINT_KEYS) fails, naming every key.
+  """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir):
     self.mesh = sharding.make_mesh(config)
     config_lib.validate_config(config, self.mesh.devices.size, self.mesh.devices.flat[0].platform)
     self.config, self.workdir = config, workdir_lib.as_workdir(workdir)
+    if self.workdir.checkpoints.is_dir():  # Resuming: checked before any data is read.
+      saved = checkpoint.newest_config(checkpoint.make_manager(self.workdir, 1))
+      if saved is not None:
+        config_lib.check_resume(saved, config, self.workdir.checkpoints)
     self.source = data.make_source(config, self.workdir,
                                    shard=sharding.process_batch_shard(self.mesh, config.batch_size))
+    self.manager = checkpoint.make_manager(self.workdir, config.training.max_checkpoints_to_keep)
     self.model, self.optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
     self.abstract_state = state_lib.abstract_state(config, self.model, self.optimizer, self.mesh)
-    self.manager = checkpoint.make_manager(self.workdir, config.training.max_checkpoints_to_keep)
     self.iterator = self.source.train_iterator()
     restored = checkpoint.restore(self.manager, self.abstract_state)
     self.restored_step: Optional[int] = None
+    self.loop_state: dict = {}
     if restored is None:
       self.state = state_lib.init_state(config, self.model, self.optimizer, self.mesh)
     else:
-      self.restored_step, self.state, data_state = restored
-      self.iterator.set_state(data_state)
+      self.restored_step, self.state, self.loop_state = restored.step, restored.state, restored.loop_state
+      self.iterator.set_state(restored.data_state)
 
   @property
   def is_writer(self) -> bool:
@@ -71,7 +87,7 @@ class Run:
     if self.is_writer:
       report.write(self.workdir, {"step": step, **results})
       if final:
-        plots.write_all(self.workdir)
+        plots.write_all(self.workdir, frontier=False)  # frontier.png belongs to --mode=frontier.
     return results
 
   def sample(self, writer: metrics_writer.MetricsWriter) -> list[dict]:
@@ -90,32 +106,81 @@ class Run:
     return records
 
   def close(self):
-    self.manager.wait_until_finished()  # A pending async save completes even on error.
-    self.iterator.close()
+    try:
+      checkpoint.wait(self.manager)  # A pending async save completes even on error.
+    finally:
+      self.iterator.close()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
-  """Trains (resuming from the latest checkpoint in workdir), then evaluates and samples."""
-  run = Run(config, workdir)
-  if run.restored_step is not None:
-    print(f"Resuming from the checkpoint of step {run.restored_step} in {run.workdir.checkpoints}.")
-  if run.is_writer:
-    run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
-  writer = metrics_writer.MetricsWriter(run.workdir, drop_records_after=run.restored_step or 0)
+@contextlib.contextmanager
+def _lock(workdir, mode: str) -> Iterator[None]:
+  """The workdir's lock, taken by process 0 for the whole run; every process fails if it cannot."""
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = workdir_lib.Lock(workdir, mode).__enter__()
+    except workdir_lib.WorkdirError as e:
+      error = e
+  if jax.process_count() > 1 and not multihost_utils.broadcast_one_to_all(np.int32(error is None)):
+    error = error or workdir_lib.WorkdirError(
+        f"Process 0 could not take the lock of {workdir} (its output says why).")
+  if error is not None:
+    raise error
   try:
+    yield
+  finally:
+    if lock is not None:
+      lock.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _session(config: ml_collections.ConfigDict, workdir, mode: str, *,
+             restored: bool) -> Iterator[tuple[Run, metrics_writer.MetricsWriter]]:
+  """(run, writer) under the workdir's lock; restored=True requires a checkpoint."""
+  with _lock(workdir, mode):
+    run = Run(config, workdir)
+    try:
+      if restored and run.restored_step is None:
+        raise FileNotFoundError(f"No checkpoint in {run.workdir.checkpoints}; "
+                                "run --mode=train on this workdir first.")
+      writer = metrics_writer.MetricsWriter(run.workdir)
+      try:
+        yield run, writer
+      finally:
+        writer.close()
+    finally:
+      run.close()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[dict]:
+  """Trains (resuming from the latest checkpoint in workdir), then evaluates and samples.
+
+  A SIGTERM or Ctrl-C stops after the step in flight with a checkpoint of it: returns None.
+  """
+  with _session(config, workdir, "train", restored=False) as (run, writer):
+    writer.drop_records_after(run.restored_step or 0)
+    if run.restored_step is not None:
+      print(f"Resuming from the checkpoint of step {run.restored_step} in {run.workdir.checkpoints}.")
+    if run.is_writer:
+      run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
     step_fn = train.make_train_step(config, run.model, run.optimizer, run.mesh, run.abstract_state)
 
     def evaluate_now(state):
       run.state = state
       run.evaluate(writer, final=False)
 
-    run.state = train.train_loop(config, run.state, step_fn, run.iterator, run.mesh, run.manager,
-                                 writer, run.restored_step, evaluate_now)
+    with preemption.StopSignals() as stop:
+      run.state, stopped = train.train_loop(
+          config, run.state, step_fn, run.iterator, run.mesh, run.manager, writer,
+          last_checkpoint=run.restored_step, window=run.loop_state.get("window", []), stop=stop,
+          evaluate_fn=evaluate_now)
+    if stopped:
+      step = int(sharding.to_host(run.state.step))
+      print(f"Stopped after step {step} ({stop.received or 'a SIGTERM to one of the processes'}): its "
+            f"checkpoint is saved in {run.workdir.checkpoints}. Rerun the same command to resume.")
+      return None
     results = run.evaluate(writer)
     records = run.sample(writer)
-  finally:
-    run.close()
-    writer.close()
   print(evaluate.summary(results))
   for record in records[:2]:
     print("sample:", record["text"])
@@ -126,45 +191,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> dict:
   return results
 
 
-def _restored_run(config: ml_collections.ConfigDict, workdir) -> Run:
-  run = Run(config, workdir)
-  if run.restored_step is None:
-    raise FileNotFoundError(f"No checkpoint in {run.workdir.checkpoints}; "
-                            "run --mode=train on this workdir first.")
-  return run
-
-
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
   """--mode=eval: evaluates the EMA params of the latest checkpoint into eval.json."""
-  run = _restored_run(config, workdir)
-  writer = metrics_writer.MetricsWriter(run.workdir)
-  try:
+  with _session(config, workdir, "eval", restored=True) as (run, writer):
     results = run.evaluate(writer)
-  finally:
-    run.close()
-    writer.close()
   print(evaluate.summary(results))
   return results
 
 
 def sample_checkpoint(config: ml_collections.ConfigDict, workdir) -> list[dict]:
   """--mode=sample: samples from the EMA params of the latest checkpoint into samples.jsonl."""
-  run = _restored_run(config, workdir)
-  writer = metrics_writer.MetricsWriter(run.workdir)
-  try:
+  with _session(config, workdir, "sample", restored=True) as (run, writer):
     records = run.sample(writer)
-  finally:
-    run.close()
-    writer.close()
   for record in records:
     print(json.dumps({k: v for k, v in record.items() if k != "step"}))
   return records
 
 
 def frontier_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
-  """--mode=frontier: sweeps samplers of the latest checkpoint into frontier.json and its plot."""
-  run = _restored_run(config, workdir)
+  """--mode=frontier: sweeps samplers of the latest checkpoint into frontier.json and its plot.
+
+  Takes no lock: it writes only files no other mode writes, so it may run beside training."""
+  run = Run(config, workdir)
   try:
+    if run.restored_step is None:
+      raise FileNotFoundError(f"No checkpoint in {run.workdir.checkpoints}; "
+                              "run --mode=train on this workdir first.")
     judge = (evaluate.Judge.from_workdir(config.eval.judge_workdir, run.mesh)
              if config.eval.judge_workdir else None)
     results = frontier.run(config, run.model, run.state.ema_params, run.source, judge)

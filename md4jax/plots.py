@@ -109,7 +109,7 @@ def _frontier_panel(ax, results: dict, value: str, label: str):
   ax.legend(fontsize=7)
 
 
-def frontier(results: dict, path: pathlib.Path):
+def draw_frontier(results: dict, path: pathlib.Path):
   """Perplexity (judge and/or true law) against sample entropy; labels are temperatures."""
   panels = [(value, label) for value, label in
             (("generative_perplexity", "generative perplexity (AR judge)"),
@@ -124,8 +124,11 @@ def frontier(results: dict, path: pathlib.Path):
   plt.close(fig)
 
 
-def write_all(workdir) -> list[pathlib.Path]:
-  """Draws every plot the workdir's files allow into WORKDIR/plots/; returns their paths."""
+def write_all(workdir, frontier: bool = True) -> list[pathlib.Path]:
+  """Draws every plot the workdir's files allow into WORKDIR/plots/; returns their paths.
+
+  frontier=False leaves plots/frontier.png to --mode=frontier (training redraws the rest).
+  """
   workdir = workdir_lib.as_workdir(workdir)
   out = workdir.plots
   out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,7 @@ def write_all(workdir) -> list[pathlib.Path]:
     loss_profile(results, out / "loss_profile.png")
     written.append(out / "loss_profile.png")
   frontier_path = workdir.frontier_json
-  if frontier_path.is_file():
-    frontier(json.loads(frontier_path.read_text()), out / "frontier.png")
+  if frontier and frontier_path.is_file():
+    draw_frontier(json.loads(frontier_path.read_text()), out / "frontier.png")
     written.append(out / "frontier.png")
   return written

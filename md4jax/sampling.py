@@ -25,10 +25,12 @@ Methods:
 
 from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 
 from md4jax import categorical
+from md4jax import diffusion
 
 Array = jax.Array
 
@@ -219,6 +221,12 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(categorical.NOISE_KINDS)}.")
   filter_kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
   categorical.filter_logits(jnp.zeros((1, 2)), **filter_kwargs)  # Validates the arguments early.
+  for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
+    if given is not None:
+      chex.assert_rank(given, {1, 2}, custom_message=f"sample: {name} must be [L] or [B, L]")
+      chex.assert_shape(given, (batch_size, length)[-jnp.ndim(given):],
+                        custom_message=f"sample: {name} must be [length] or [batch_size, length]")
+  denoise_fn = diffusion.checked_denoiser(denoise_fn, mask_id)
 
   def draw(draw_key, logits):
     return categorical.sample_categorical(draw_key, logits, noise=noise, **filter_kwargs)

@@ -12,16 +12,34 @@ endpoints (MATH.md, "Invariance"). Each schedule states `alpha_at_0` and
   * α(1) > 0 means some tokens are still visible at t = 1, so the all-mask prior
     does not match q(z_1 | x) and the bound needs a prior term.
 `md4jax.diffusion.nelbo` adds both terms whenever a schedule needs them.
+
+State-dependent schedules (GenMD4, `TokenPolynomial`): each clean token value v
+has its own α_v(t); their methods return [..., V] for times [...], and their
+`state_dependent` is True. The bound, the sampler and the exact posterior then
+need the time t itself (MATH.md, "State-dependent schedules").
 """
 
 import abc
 import dataclasses
+import functools
 import math
 from typing import Callable
 
+import chex
+import jax
 import jax.numpy as jnp
 
 Array = jnp.ndarray
+
+
+def _checks_times(method):
+  """The method's `t` must be float times (checked at trace time, naming the method)."""
+  @functools.wraps(method)
+  def checked(self, t):
+    chex.assert_type(t, float, custom_message=f"{type(self).__name__}.{method.__name__}(t): t must "
+                                              "be float times in [0, 1]")
+    return method(self, t)
+  return checked
 
 
 class Schedule(abc.ABC):
@@ -30,6 +48,13 @@ class Schedule(abc.ABC):
   name: str = ""
   alpha_at_0: float = 1.0
   alpha_at_1: float = 0.0
+  state_dependent: bool = False  # True: methods return one value per clean token, [..., V].
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    for method in ("alpha", "mask_prob", "dalpha", "weight"):
+      if method in cls.__dict__:
+        setattr(cls, method, _checks_times(cls.__dict__[method]))
 
   @abc.abstractmethod
   def alpha(self, t: Array) -> Array:
@@ -192,6 +217,47 @@ class Geometric(Schedule):
     return -jnp.exp(-sigma_bar) * sigma_bar * math.log(self.sigma_max / self.sigma_min)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenPolynomial(Schedule):
+  """GenMD4's per-token α_v(t) = 1 − t^{w_v}: token value v masked with prob t^{w_v}.
+
+  `exponents` w is a positive [V] array (traced or concrete: a learned schedule
+  is rebuilt from its parameters inside the jitted step). Methods map times
+  [...] to [..., V]; a_v(t) = α′_v / (1 − α_v) = −w_v / t, so `weight` is w_v / t.
+  With all w_v = K it is `Polynomial(K)` token for token. Endpoints α_v(0) = 1,
+  α_v(1) = 0 for every v (no endpoint terms).
+  """
+
+  exponents: Array = None
+
+  name = "tokenpoly"
+  state_dependent = True
+
+  def __post_init__(self):
+    w = self.exponents
+    if w is None or jnp.ndim(w) != 1:
+      raise ValueError("TokenPolynomial schedule needs exponents, a positive [V] array, got "
+                       f"{None if w is None else jnp.shape(w)}.")
+    if not isinstance(w, jax.core.Tracer) and not bool(jnp.all(jnp.asarray(w) > 0)):
+      raise ValueError("TokenPolynomial schedule needs every exponent > 0.")
+
+  def _power(self, t):
+    return jnp.power(jnp.asarray(t)[..., None], self.exponents)
+
+  def alpha(self, t):
+    return 1.0 - self._power(t)
+
+  def mask_prob(self, t):
+    return self._power(t)
+
+  def dalpha(self, t):
+    t = jnp.asarray(t)[..., None]
+    return -self.exponents * jnp.power(t, self.exponents - 1.0)
+
+  def weight(self, t):
+    return self.exponents / jnp.asarray(t)[..., None]
+
+
 def _polynomial_from_name(name: str, **kwargs) -> Schedule:
   power = name[len("poly"):]
   try:
@@ -205,12 +271,15 @@ _REGISTRY: dict[str, Callable[..., Schedule]] = {
     "cosine": Cosine,
     "loglinear": LogLinear,
     "geometric": Geometric,
+    "tokenpoly": TokenPolynomial,
 }
 VALID_NAMES = tuple(sorted(_REGISTRY)) + ("polyK (poly2, poly3, any K > 0)",)
+# Names whose exponents are learned with the model (config.diffusion.schedule).
+LEARNED_NAMES = ("learned_tokenpoly", "learned_poly")
 
 
 def get_schedule(name: str, **kwargs) -> Schedule:
-  """Returns the schedule called `name` (e.g. "linear", "cosine", "poly3")."""
+  """Returns the schedule called `name` (e.g. "linear", "cosine", "poly3", "tokenpoly")."""
   if name in _REGISTRY:
     return _REGISTRY[name](**kwargs)
   if name.startswith("poly") and name != "poly":

@@ -260,8 +260,15 @@ def load(path: PathLike) -> Tokenizer:
   if path.is_dir():
     path = path / TOKENIZER_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"No tokenizer file at {str(path)!r}.")
-  spec = json.loads(path.read_text(encoding="utf-8"))
+    raise FileNotFoundError(f"No tokenizer file at {str(path)!r}; give config.data.tokenizer_path "
+                            "a tokenizer.json (or a folder holding one).")
+  try:
+    spec = json.loads(path.read_text(encoding="utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not a tokenizer file: not JSON ({e}); give a Hugging Face "
+                     "tokenizer.json or one md4jax saved.") from None
+  if not isinstance(spec, dict):
+    raise ValueError(f"{path} is not a tokenizer file: JSON {type(spec).__name__}, not an object.")
   kind = spec.get("md4jax_tokenizer")
   if kind == "char":
     return CharTokenizer(spec["alphabet"], eos=spec["eos"])
@@ -269,7 +276,11 @@ def load(path: PathLike) -> Tokenizer:
     return ByteTokenizer(eos=spec["eos"])
   if kind is not None:
     raise ValueError(f"{path}: unknown md4jax_tokenizer kind {kind!r}.")
-  return BpeTokenizer.from_file(path)
+  try:
+    return BpeTokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except  (the Rust library's own error type)
+    raise ValueError(f"{path} is not a tokenizer file the tokenizers library reads "
+                     f"({' '.join(str(e).split())[:200]}).") from None
 
 
 def make_tokenizer(kind: str, *, train_text_iter: Optional[Iterable[str]] = None,

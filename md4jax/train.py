@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from md4jax import checkpoint
 from md4jax import metrics_writer
 from md4jax import objective
+from md4jax import preemption
 from md4jax import sharding
 from md4jax import state as state_lib
 
@@ -105,15 +106,20 @@ def _check_finite(step_metrics: list[tuple[int, dict]], last_checkpoint: Optiona
           "Try a lower optimizer.learning_rate or optimizer.grad_clip_norm.")
 
 
-def train_loop(config: ml_collections.ConfigDict, run_state: TrainState, step_fn, iterator, mesh: Mesh,
-               manager, writer: metrics_writer.MetricsWriter, last_checkpoint: Optional[int],
-               evaluate_fn: Callable[[TrainState], dict]) -> TrainState:
+def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, iterator, mesh: Mesh,
+               manager, writer: metrics_writer.MetricsWriter, *, last_checkpoint: Optional[int],
+               window: list[dict], stop: preemption.StopSignals,
+               evaluate_fn: Callable[[TrainState], dict]) -> tuple[TrainState, bool]:
   """Steps to config.num_train_steps, logging, checkpointing and calling evaluate_fn on schedule
-  (not at the last step: the caller evaluates the final state)."""
-  state = run_state
+  (not at the last step: the caller evaluates the final state). Returns (state, stopped):
+  stopped when a signal ended the run early, after a checkpoint of the step it finished.
+
+  `window` holds the metrics of the steps since the last log (restored with a checkpoint),
+  so a resumed run logs exactly what the uninterrupted one would have.
+  """
   start_step = int(sharding.to_host(state.step))
   progress = metrics_writer.ProgressLine(config.num_train_steps)
-  unchecked, window = [], []  # Device metrics not yet fetched; fetched ones since the last log.
+  unchecked = []  # Device metrics not yet fetched.
   window_start, timed_steps = time.perf_counter(), 0
   tokens_per_step = config.batch_size * config.data.seq_len
   for step in range(start_step + 1, config.num_train_steps + 1):
@@ -126,30 +132,35 @@ def train_loop(config: ml_collections.ConfigDict, run_state: TrainState, step_fn
     else:
       timed_steps += 1
     is_last = step == config.num_train_steps
+    stopping = not is_last and stop.stop_after(step)
     should_log = step % config.log_every_steps == 0 or is_last
-    should_save = step % config.checkpoint_every_steps == 0 or is_last
-    should_eval = step % config.eval_every_steps == 0 and not is_last
+    should_save = step % config.checkpoint_every_steps == 0 or is_last or stopping
+    should_eval = step % config.eval_every_steps == 0 and not is_last and not stopping
     if should_log or should_save or should_eval:
       # Every step's loss is checked before any save that includes it.
       fetched = sharding.to_host(unchecked)
       unchecked = []
       _check_finite(fetched, last_checkpoint)
-      window += [m for _, m in fetched]
+      window += [{name: float(value) for name, value in m.items()} for _, m in fetched]
     if should_log:
       elapsed = time.perf_counter() - window_start
       record = {name: float(np.mean([m[name] for m in window])) for name in window[0]}
-      record["learning_rate"] = float(window[-1]["learning_rate"])
+      record["learning_rate"] = window[-1]["learning_rate"]
       record["tokens_per_second"] = timed_steps * tokens_per_step / elapsed if timed_steps else 0.0
       writer.write_train(step, record)
       progress.update(step, record["loss"], record["tokens_per_second"],
                       elapsed / timed_steps if timed_steps else 0.0)
       window, window_start, timed_steps = [], time.perf_counter(), 0
     if should_save:
-      checkpoint.save(manager, step, state, iterator.get_state(), config)
+      checkpoint.save(manager, step, state, iterator.get_state(), config, {"window": window})
       last_checkpoint = step
+    if stopping:
+      checkpoint.wait(manager)
+      progress.finish()
+      return state, True
     if should_eval:
       eval_start = time.perf_counter()
       evaluate_fn(state)
       window_start += time.perf_counter() - eval_start  # Keep evaluation out of tokens/s.
   progress.finish()
-  return state
+  return state, False

@@ -35,7 +35,7 @@ def test_text8_compiles_for_a_v5e_2x2_and_fits():
   at_peak = report["step_seconds_at_mfu"]
   assert at_peak["50%"] == pytest.approx(2 * at_peak["100%"])
   for step in ("eval_step", "sampler_step"):
-    assert report[step]["bytes_per_chip"] > 0 and report[step]["flops_all_chips"] > 0
+    assert report[step]["bytes_per_chip"] > 0 and report[step]["xla_cost_analysis_flops_all_chips"] > 0
 
 
 def test_a_config_that_does_not_fit_says_so_and_exits_zero():

@@ -1,8 +1,8 @@
 """Checkpoints are layout-free: a state saved under one mesh restores under another and continues
 exactly as the uninterrupted run."""
 
+import chex
 import jax
-import numpy as np
 import pytest
 
 from md4jax import checkpoint
@@ -51,10 +51,10 @@ def test_fsdp_checkpoint_restores_on_other_meshes_and_continues(saved_under_fsdp
   mesh = sharding.make_mesh(config, devices)
   abstract = state_lib.abstract_state(config, state_lib.build_model(config),
                                       state_lib.make_optimizer(config), mesh)
-  step, state, data_state = checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract)
-  assert step == 2 and data_state == {"next_batch_index": 2}
+  restored = checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract)
+  step, state = restored.step, restored.state
+  assert step == 2 and restored.data_state == {"next_batch_index": 2}
   assert state.params["block_0"]["mlp"]["gate"]["kernel"].sharding == \
       abstract.params["block_0"]["mlp"]["gate"]["kernel"].sharding
   final = _steps(config, mesh, state, 2, 2)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-               jax.device_get(final), expected)
+  chex.assert_trees_all_close(jax.device_get(final), expected, rtol=1e-5, atol=1e-7)

@@ -181,10 +181,11 @@ def _final_state(workdir, config_overrides):
   abstract = state_lib.abstract_state(config, state_lib.build_model(config),
                                       state_lib.make_optimizer(config), sharding.make_mesh(config))
   manager = checkpoint.make_manager(workdir, max_to_keep=3)
-  step, state, data_state = checkpoint.restore(manager, abstract)
-  return step, state, data_state
+  restored = checkpoint.restore(manager, abstract)
+  return restored.step, restored.state, restored.data_state
 
 
+@pytest.mark.slow  # tests/test_chaos.py kills runs (also mid-save) and checks the resume bit for bit.
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   steps, every = 300, 20
   flags = [f"--config.num_train_steps={steps}", f"--config.checkpoint_every_steps={every}",

@@ -33,9 +33,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   assert manager.all_steps() == [5]
   abstract = state_lib.abstract_state(config, state_lib.build_model(config),
                                       state_lib.make_optimizer(config), sharding.make_mesh(config))
-  _, restored, data_state = checkpoint.restore(manager, abstract)
-  assert data_state == {"next_batch_index": 5} and int(restored.step) == 5
-  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(restored.params))
+  restored = checkpoint.restore(manager, abstract)
+  assert restored.data_state == {"next_batch_index": 5} and int(restored.state.step) == 5
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(restored.state.params))
 
 
 def test_train_ar_end_to_end_in_process(tmp_path):

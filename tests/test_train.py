@@ -2,6 +2,7 @@
 
 import math
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -46,9 +47,7 @@ def assert_same_run(run_a, run_b, rtol=1e-5):
   for m_a, m_b in zip(metrics_a, metrics_b):
     for name in m_a:
       np.testing.assert_allclose(m_b[name], m_a[name], rtol=rtol, err_msg=name)
-  for tree_a, tree_b in ((state_a.params, state_b.params), (state_a.ema_params, state_b.ema_params),
-                         (state_a.opt_state, state_b.opt_state)):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-7), tree_a, tree_b)
+  chex.assert_trees_all_close(jax.device_get(state_a), jax.device_get(state_b), rtol=rtol, atol=1e-7)
 
 
 def test_golden_loss_after_one_step():
