@@ -2,6 +2,8 @@ r"""Times every sampler of a named model size and prints one JSON object.
 
   python benchmarks/sampling.py --size=default
   python benchmarks/sampling.py --size=tiny --length=128 --steps=8,32,128
+  python benchmarks/sampling.py --size=default --length=256 --batch_size=16 \
+      --steps=1000 --methods=ancestral,cached,jump        # The cost-vs-T comparison.
 
 For each method and step count: sequences/s, the number of network calls
 (NFE) and seconds per network call. The model has random parameters (speed
@@ -29,6 +31,7 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per sampler call.
 _STEPS = flags.DEFINE_list("steps", ["16", "64", "256"], "Step counts of the grid methods.")
 _METHODS = flags.DEFINE_list("methods", list(sampling.METHODS), "Sampling methods to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per configuration (after one compile run).")
+_THRESHOLD = flags.DEFINE_float("threshold", 0.9, "The threshold of method 'threshold'.")
 
 
 def main(argv):
@@ -42,10 +45,13 @@ def main(argv):
   schedule = schedules.get_schedule(config.diffusion.schedule)
   results = []
   for method in _METHODS.value:
-    for num_steps in ([None] if method == "first_hitting" else [int(s) for s in _STEPS.value]):
+    stepless = method in ("first_hitting", "threshold")
+    threshold = _THRESHOLD.value if method == "threshold" else None
+    for num_steps in ([None] if stepless else [int(s) for s in _STEPS.value]):
       run = jax.jit(lambda key, params, method=method, num_steps=num_steps: sampling.sample(
           key, lambda z, a: model.apply({"params": params}, z, a), batch_size=_BATCH_SIZE.value,
-          length=length, schedule=schedule, mask_id=mask_id, method=method, num_steps=num_steps))
+          length=length, schedule=schedule, mask_id=mask_id, method=method, num_steps=num_steps,
+          threshold=threshold))
       jax.block_until_ready(run(jax.random.PRNGKey(0), params))
       start = time.perf_counter()
       nfe = 0
@@ -56,7 +62,9 @@ def main(argv):
       results.append({
           "method": method,
           "num_steps": num_steps,
+          "threshold": threshold,
           "nfe": nfe / _REPEATS.value,
+          "seconds_per_batch": seconds / _REPEATS.value,
           "sequences_per_second": _BATCH_SIZE.value * _REPEATS.value / seconds,
           "seconds_per_network_call": seconds / nfe,
       })

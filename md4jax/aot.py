@@ -40,7 +40,7 @@ from md4jax import config_lib
 from md4jax import evaluate
 from md4jax import model as model_lib
 from md4jax import sampling
-from md4jax import schedules
+from md4jax import objective
 from md4jax import sharding
 from md4jax import state as state_lib
 from md4jax import train
@@ -154,13 +154,12 @@ def _train_flops(config, devices) -> float:
 
 def sampler_step(config, model, mesh):
   """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted."""
-  schedule = schedules.get_schedule(config.diffusion.schedule)
-
   def step(params, key):
     with sharding.activation_rules(mesh):
       tokens, _ = sampling.sample(
-          key, lambda z, alpha: model.apply({"params": params}, z, alpha),
-          batch_size=config.eval.batch_size, length=config.data.seq_len, schedule=schedule,
+          key, lambda z, time: model.apply({"params": objective.network_params(params)}, z, time),
+          batch_size=config.eval.batch_size, length=config.data.seq_len,
+          schedule=objective.schedule_of(params, config),
           mask_id=config.data.vocab_size, method="ancestral", num_steps=1)
     return tokens
 

@@ -12,6 +12,7 @@ import pathlib
 import ml_collections
 
 from md4jax import diffusion
+from md4jax import genmd4
 from md4jax import model as model_lib
 from md4jax import sampling
 from md4jax import schedules
@@ -64,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.attention = "xla"  # "xla" (any platform), "cudnn" (GPU flash attention, bfloat16) or "splash" (TPU Pallas kernel).
   config.model.remat = "none"  # Recompute block activations in the backward pass: "none", "full" or "save_dots" (keeps weight-matmul outputs).
   config.model.scan_layers = False  # Run the blocks under nn.scan (params stacked per layer): compile time flat in depth.
+  config.model.norm = "rms"  # "rms" (RMSNorm, learned scale) or "layer" (LayerNorm without scale or bias, as MD4).
+  config.model.mlp = "swiglu"  # MLP gate: "swiglu" (silu) or "sigmoid_glu" (sigmoid, as MD4).
+  config.model.embed_dim = 0  # Token embedding width projected to model_dim (MD4: 64); 0 = model_dim, no projection.
+  config.model.output_init = "normal"  # Init of the logits layer: "normal" (std 0.02) or "zeros" (as MD4).
 
   # Device mesh (md4jax.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
   config.mesh = ml_collections.ConfigDict()
@@ -72,7 +77,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.tensor = 1  # Tensor parallel: attention heads and MLP width split.
 
   config.diffusion = ml_collections.ConfigDict()
-  config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK.
+  config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK; learned (GenMD4): learned_tokenpoly (alpha_v = 1 - t^w_v, one w per token) or learned_poly (one shared w).
+  config.diffusion.exponent_init = 1.0  # Learned schedules: initial exponent w (1 = linear).
+  config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
+  config.diffusion.exponent_gradient = "rloo"  # Learned schedules: gradient of w through the masks, "rloo" (two draws, leave-one-out baseline) or "score" (no baseline).
+  config.diffusion.reconstruction_time = 1e-4  # Learned schedules: epsilon; t < epsilon is one reconstruction step (md4jax.genmd4); 0 = none.
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 1e-3  # Peak learning rate, reached after the warmup.
@@ -81,7 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.grad_clip_norm = 1.0  # Gradients are rescaled to at most this global norm.
   config.optimizer.b1 = 0.9  # Adam first-moment decay.
   config.optimizer.b2 = 0.99  # Adam second-moment decay.
-  config.optimizer.ema_decay = 0.99  # EMA of params used for eval and sampling; 0 copies the params.
+  config.optimizer.ema_decay = 0.99  # EMA of params used for eval and sampling, reached after a warm-up (train.ema_decay_at); 0 copies the params.
 
   config.training = ml_collections.ConfigDict()
   config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
@@ -102,14 +111,16 @@ def base_config() -> ml_collections.ConfigDict:
   # scored by the judge (eval.judge_workdir) and by the true law where it is known.
   config.frontier = ml_collections.ConfigDict()
   config.frontier.methods = "ancestral,confidence"  # mdm samplers swept (md4jax.sampling); ar models decode token by token.
-  config.frontier.num_steps = "16,64,256"  # mdm sampler steps swept; ar ignores them.
+  config.frontier.num_steps = "16,64,256"  # mdm sampler steps swept; ar, first_hitting and threshold ignore them.
+  config.frontier.thresholds = "0.5,0.7,0.9,0.99"  # method "threshold": the thresholds swept (each in (0, 1]).
   config.frontier.temperatures = "0.7,0.8,0.9,1.0"  # Softmax temperatures swept (each > 0).
   config.frontier.num_samples = 64  # Samples per point; the standard errors are over them.
 
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
   config.sample.num_steps = 64  # Time-grid steps of the mdm sampler (first_hitting and ar take seq_len calls).
-  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, first_hitting or confidence (md4jax.sampling).
+  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence or threshold (md4jax.sampling).
+  config.sample.threshold = 0.9  # method "threshold": reveal every masked position whose top probability is >= this, in (0, 1].
   config.sample.temperature = 1.0  # Softmax temperature of every draw; 1 samples the model, 0 is greedy.
   config.sample.top_k = 0  # Keep only the k most likely tokens of every draw; 0 keeps all.
   config.sample.top_p = 1.0  # Nucleus: keep the smallest set of tokens with this much probability; 1 keeps all.
@@ -144,18 +155,23 @@ CHECKPOINT_KEYS = (
     "data.bpe_vocab_size", "data.tokenizer_path", "data.packing", "data.text_field",
     "data.prompt_field", "data.response_field", "data.language_seed", "data.concentration",
     "model.type", "model.num_layers", "model.model_dim", "model.num_heads", "model.mlp_dim",
-    "model.time_conditioning", "model.scan_layers")
+    "model.time_conditioning", "model.scan_layers", "model.norm", "model.mlp", "model.embed_dim")
 
 
 def resume_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """"key: old → new" for each CHECKPOINT_KEYS entry that differs from the saved config's."""
   changes = []
+  saved_value = lambda name: functools.reduce(
+      lambda d, k: d.get(k, {}) if isinstance(d, dict) else {}, name.split("."), saved)
   for name in CHECKPOINT_KEYS:
-    old = functools.reduce(lambda d, k: d.get(k, {}) if isinstance(d, dict) else {},
-                           name.split("."), saved)
+    old = saved_value(name)
     new = _value(config, name)
     if old != {} and old != new:  # {}: a key older checkpoints did not have.
       changes.append(f"{name}: {old!r} → {new!r}")
+  # A learned schedule's θ is in the checkpoint: switching to, from or between them changes it.
+  old, new = saved_value("diffusion.schedule"), config.diffusion.schedule
+  if old not in ({}, new) and {old, new} & set(schedules.LEARNED_NAMES):
+    changes.append(f"diffusion.schedule: {old!r} → {new!r}")
   return changes
 
 
@@ -167,7 +183,7 @@ def check_resume(saved: dict, config: ml_collections.ConfigDict, where):
         f"Cannot resume from the checkpoints in {where}: this config changes what they hold "
         f"({'; '.join(changes)}). Run with the old values, or use a new --workdir. Keys that "
         "may change on resume: steps, logging, eval, sample, batch size, optimizer, training, "
-        "mesh, model.dtype/remat/attention, diffusion.schedule.")
+        "mesh, model.dtype/remat/attention, diffusion.schedule (between mask-rate schedules).")
 
 
 def _value(config, name: str):
@@ -236,6 +252,11 @@ def _validate_parallelism(config: ml_collections.ConfigDict, num_devices: int, p
            f"model.{name}={model[name]} is not divisible by mesh.tensor={tensor}, which splits it.")
   _check_choice(model.attention, "model.attention", model_lib.ATTENTIONS)
   _check_choice(model.remat, "model.remat", model_lib.REMATS)
+  _check_choice(model.norm, "model.norm", model_lib.NORMS)
+  _check_choice(model.mlp, "model.mlp", model_lib.MLPS)
+  _check_choice(model.output_init, "model.output_init", model_lib.OUTPUT_INITS)
+  _check(type(model.embed_dim) is int and model.embed_dim >= 0,  # pylint: disable=unidiomatic-typecheck
+         f"model.embed_dim must be an integer >= 0 (0: model_dim), got {model.embed_dim!r}.")
   _check(isinstance(model.scan_layers, bool),
          f"model.scan_layers must be true or false, got {model.scan_layers!r}.")
   head_dim = model.model_dim // model.num_heads
@@ -306,10 +327,33 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _check(model.type == "mdm" or model.time_conditioning == "none",
          "model.time_conditioning must be 'none' for model.type='ar' (it has no diffusion time).")
 
-  try:
-    schedules.get_schedule(config.diffusion.schedule)
-  except ValueError as e:
-    raise ValueError(f"Invalid config: diffusion.schedule: {e}") from None
+  diff = config.diffusion
+  if diff.schedule in schedules.LEARNED_NAMES:
+    _check(model.type == "mdm", f"diffusion.schedule={diff.schedule!r} is for mdm models.")
+    _check(model.time_conditioning != "none",
+           f"diffusion.schedule={diff.schedule!r} masks each token value at its own rate, so the "
+           "posterior depends on t: it needs a time-conditioned denoiser (model.time_conditioning="
+           "'adaln'), not a time-free one.")
+    _check(diff.exponent_init > 0, f"diffusion.exponent_init must be > 0, got {diff.exponent_init}.")
+    _check(diff.exponent_learning_rate >= 0,
+           f"diffusion.exponent_learning_rate must be >= 0, got {diff.exponent_learning_rate}.")
+    _check_choice(diff.exponent_gradient, "diffusion.exponent_gradient", genmd4.GRADIENTS)
+    _check(0 <= diff.reconstruction_time < 1,
+           f"diffusion.reconstruction_time must be in [0, 1), got {diff.reconstruction_time}.")
+    for name in ("training.estimator", "eval.estimator"):
+      _check(_value(config, name) == "standard",
+             f"{name}={_value(config, name)!r}: a learned (state-dependent) schedule has its own "
+             "bound; set it to 'standard'.")
+    _check(config.sample.method == "ancestral",
+           f"sample.method={config.sample.method!r}: a learned schedule samples with 'ancestral' only.")
+    _check(set(parse_list(config.frontier.methods, str.strip)) <= {"ancestral"},
+           "frontier.methods: a learned schedule samples with 'ancestral' only.")
+  else:
+    try:
+      schedules.get_schedule(diff.schedule)
+    except ValueError as e:
+      raise ValueError(f"Invalid config: diffusion.schedule: {e} Learned: "
+                       f"{', '.join(schedules.LEARNED_NAMES)}.") from None
   _check_choice(config.training.estimator, "training.estimator", diffusion.ESTIMATORS)
   _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
   _check_list(config, "eval.discrete_steps", int, True, lambda t: t > 0,
@@ -332,9 +376,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _check(isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
          f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.")
   _check_choice(config.sample.method, "sample.method", sampling.METHODS)
-  _check(config.sample.method != "cached" or model.time_conditioning == "none",
-         "sample.method='cached' reuses logits across steps, so it needs a time-free denoiser "
-         "(model.time_conditioning='none'); use 'ancestral'.")
+  _check(config.sample.method not in sampling.TIME_FREE_METHODS or model.time_conditioning == "none",
+         f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
+         "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.")
+  _check(0 < config.sample.threshold <= 1,
+         f"sample.threshold must be in (0, 1], got {config.sample.threshold}.")
   sample = config.sample
   _check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
   _check(isinstance(sample.top_k, int) and sample.top_k >= 0,
@@ -347,8 +393,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
          f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.")
   methods = _check_list(config, "frontier.methods", str.strip, False,
                         lambda m: m in sampling.METHODS, f"samplers (each one of {', '.join(sampling.METHODS)})")
-  _check("cached" not in methods or model.time_conditioning == "none",
-         "frontier.methods has 'cached', which needs model.time_conditioning='none'.")
+  for method in set(methods) & set(sampling.TIME_FREE_METHODS):
+    _check(model.time_conditioning == "none",
+           f"frontier.methods has {method!r}, which needs model.time_conditioning='none'.")
+  _check_list(config, "frontier.thresholds", float, False, lambda t: 0 < t <= 1,
+              "thresholds in (0, 1]")
   _check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
   _check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
   for name in ("frontier.num_samples", "eval.num_judged_samples"):

@@ -41,9 +41,13 @@ from md4jax import genmd4
 from md4jax import masking
 from md4jax import schedules as schedules_lib
 # The forward process, re-exported: callers know them as diffusion.corrupt etc.
-from md4jax.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_denoiser, corrupt,  # noqa: F401
+from md4jax.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_denoiser, corrupt,
                             cross_entropy, masked_cross_entropy, row_keys, sample_times,
                             subs_log_probs)
+
+__all__ = ["ESTIMATORS", "T_SAMPLINGS", "bits_per_token", "checked_denoiser", "continuous_loss_at",
+           "corrupt", "cross_entropy", "masked_cross_entropy", "nelbo", "nelbo_surrogate",
+           "num_valid_tokens", "perplexity", "row_keys", "sample_times", "subs_log_probs"]
 
 ESTIMATORS = ("standard", "forced_target", "mask_count")
 
@@ -187,7 +191,7 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   main_key, recon_key, prior_key = masking.split_keys(row_keys(draw_key, x.shape[0], row_index), 3)
   kwargs = dict(mask_id=mask_id)
   if schedule.state_dependent:
-    return genmd4.nelbo(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps,
+    return genmd4.nelbo((main_key, recon_key), denoise_fn, x, schedule, u, editable, num_steps=num_steps,
                         reconstruction_time=reconstruction_time, **kwargs)
   if estimator == "mask_count":
     return _mask_count_term(main_key, denoise_fn, x, u, editable, **kwargs)
@@ -201,6 +205,25 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if schedule.needs_prior_term:
     total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0, **kwargs)
   return total
+
+
+def nelbo_surrogate(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
+                    editable: Optional[Array] = None, gradient: str = "rloo",
+                    row_index: Optional[Array] = None, num_rows: Optional[int] = None,
+                    reconstruction_time: float = 1e-4) -> tuple[Array, Array]:
+  """(NELBO [B], surrogate [B]) of a state-dependent schedule from two draws per row, t stratified.
+
+  Equal in value; the surrogate's gradient also holds the score-function term
+  of the schedule's parameters ("rloo" or "score", `md4jax.genmd4.surrogate`).
+  """
+  if not schedule.state_dependent:
+    raise ValueError(f"nelbo_surrogate is for state-dependent schedules, got {schedule.name!r}.")
+  editable = masking.editable_or_all(x, editable)
+  time_key, draw_key = jax.random.split(key)
+  u = sample_times(time_key, x.shape[0], "stratified", row_index=row_index, num_rows=num_rows)
+  return genmd4.surrogate(row_keys(draw_key, x.shape[0], row_index), checked_denoiser(denoise_fn, mask_id),
+                          x, schedule, u, editable, mask_id=mask_id, gradient=gradient,
+                          reconstruction_time=reconstruction_time)
 
 
 def num_valid_tokens(x: Array, editable: Optional[Array] = None) -> Array:

@@ -42,7 +42,7 @@ def profile_nats(params, batch: dict, key, *, model, config: ml_collections.Conf
   draw of the schedule's part of the continuous bound (no endpoint terms).
   """
   bins = config.eval.profile_bins
-  schedule = schedules.get_schedule(config.diffusion.schedule)
+  schedule = schedules.get_schedule(config.diffusion.schedule)  # Mask-rate schedules only.
   denoise_fn = objective.denoiser(model, params, batch)
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
 
@@ -69,7 +69,9 @@ def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Opti
   """name -> (estimator, num_steps) of the bounds measured beside the headline (mdm only)."""
   if config.model.type == "ar":
     return {}
-  bounds = {f"continuous/{name}": (name, None) for name in ("standard", "mask_count")}
+  # A learned (state-dependent) schedule has one continuous bound, its own (md4jax.genmd4).
+  estimators = ("standard",) if objective.is_learned(config) else ("standard", "mask_count")
+  bounds = {f"continuous/{name}": (name, None) for name in estimators}
   bounds.update({f"T{steps}": (discrete_estimator(config), steps) for steps in discrete_steps(config)})
   return bounds
 
@@ -80,7 +82,8 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
   editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
   extras = extra_bounds(config)
-  with_profile = with_profile and config.model.type == "mdm" and config.eval.profile_bins > 0
+  with_profile = (with_profile and config.model.type == "mdm" and config.eval.profile_bins > 0
+                  and not objective.is_learned(config))  # The profile is of w(t)·CE: one mask rate.
 
   def eval_fn(params, batch, key):
     def score(draw_key, estimator, num_steps=None):
@@ -206,7 +209,8 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
   else:
     results.update(estimator=config.eval.estimator, num_mc_samples=config.eval.num_mc_samples)
     results["estimators"] = {name: _bits(columns[f"nats/continuous/{name}"], num_tokens)
-                             for name in ("standard", "mask_count")}
+                             for name in ("standard", "mask_count")
+                             if f"nats/continuous/{name}" in columns}
     if discrete_steps(config):
       results["discrete_time"] = {str(steps): _bits(columns[f"nats/T{steps}"], num_tokens)
                                   for steps in discrete_steps(config)}
@@ -214,6 +218,8 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
     if "profile_nats" in columns:
       results["loss_profile"] = loss_profile(columns["profile_nats"], num_tokens,
                                              config.diffusion.schedule)
+  if objective.is_learned(config):
+    results["learned_schedule"] = learned_exponents(params, config, source)
   if judge is not None:
     results["side_by_side"] = side_by_side(nats, columns["judge_nats"], num_tokens, judge.workdir)
   if isinstance(source, data.TextSource):
@@ -237,6 +243,16 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
     results.update(true_bits_per_token=true_bits, gap_percent=100.0 * (mean - true_bits) / true_bits,
                    excess_bits_per_token=excess, excess_bits_per_token_stderr=excess_stderr)
   return results
+
+
+def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict:
+  """The learned schedule's w_v per token (α_v = 1 − t^{w_v}), sorted from the largest w (masked
+  last, revealed first) to the smallest, with each token's text."""
+  w = np.asarray(jax.device_get(objective.exponents(params, config)), np.float64)
+  order = np.argsort(-w)
+  return {"schedule": config.diffusion.schedule, "token_ids": [int(i) for i in order],
+          "tokens": [source.token_text(int(i)) for i in order], "exponents": [float(w[i]) for i in order],
+          "min": float(w.min()), "max": float(w.max()), "std": float(w.std())}
 
 
 # ---- Sample quality under a judge ----

@@ -30,14 +30,29 @@ from md4jax import workdir as workdir_lib
 
 
 def sweep_settings(config: ml_collections.ConfigDict) -> list[dict]:
-  """The (method, num_steps, temperature) of every point; ar models: one per temperature."""
+  """The (method, num_steps or threshold, temperature) of every point; ar: one per temperature.
+
+  first_hitting takes no steps (one point per temperature); threshold sweeps
+  frontier.thresholds in place of the steps.
+  """
   temperatures = config_lib.parse_list(config.frontier.temperatures, float)
   if config.model.type == "ar":
-    return [{"method": "ar", "num_steps": None, "temperature": t} for t in temperatures]
+    return [{"method": "ar", "num_steps": None, "threshold": None, "temperature": t}
+            for t in temperatures]
   methods = config_lib.parse_list(config.frontier.methods, str.strip)
   steps = config_lib.parse_list(config.frontier.num_steps, int)
-  return [{"method": m, "num_steps": s, "temperature": t}
-          for m, s, t in itertools.product(methods, steps, temperatures)]
+  thresholds = config_lib.parse_list(config.frontier.thresholds, float)
+  settings = []
+  for method, t in itertools.product(methods, temperatures):
+    if method == "first_hitting":
+      settings.append({"method": method, "num_steps": None, "threshold": None, "temperature": t})
+    elif method == "threshold":
+      settings += [{"method": method, "num_steps": None, "threshold": h, "temperature": t}
+                   for h in thresholds]
+    else:
+      settings += [{"method": method, "num_steps": s, "threshold": None, "temperature": t}
+                   for s in steps]
+  return settings
 
 
 def _point_config(config: ml_collections.ConfigDict, setting: dict) -> ml_collections.ConfigDict:
@@ -45,7 +60,9 @@ def _point_config(config: ml_collections.ConfigDict, setting: dict) -> ml_collec
   point.sample.num_samples = config.frontier.num_samples
   point.sample.temperature = setting["temperature"]
   if setting["method"] != "ar":
-    point.sample.method, point.sample.num_steps = setting["method"], setting["num_steps"]
+    point.sample.method = setting["method"]
+    point.sample.num_steps = setting["num_steps"] or config.sample.num_steps
+    point.sample.threshold = setting["threshold"] or config.sample.threshold
   return point
 
 
@@ -104,7 +121,7 @@ def run(config: ml_collections.ConfigDict, model, params, source,
   results = {"model_type": config.model.type, "num_samples": config.frontier.num_samples,
              "length": length, "judge_workdir": judge.workdir if judge else None, "points": points,
              "sampler": {k: v for k, v in run_settings.items()
-                         if k not in ("method", "num_steps", "temperature")}}
+                         if k not in ("method", "num_steps", "threshold", "temperature")}}
   reference = _reference_rows(config, source, length)
   if reference is not None:
     results["data"] = {"num_rows": int(len(reference)),

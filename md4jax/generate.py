@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from md4jax import blockwise
 from md4jax import categorical
+from md4jax import objective
 from md4jax import sampling
-from md4jax import schedules
 from md4jax import sharding
 from md4jax import trajectory as trajectory_lib
 from md4jax import workdir as workdir_lib
@@ -53,6 +54,7 @@ def settings(config: ml_collections.ConfigDict) -> dict:
   return {
       "method": "ar" if config.model.type == "ar" else cfg.method,
       "num_steps": cfg.num_steps, "temperature": cfg.temperature,
+      "threshold": cfg.threshold if cfg.method == "threshold" else None,
       "top_k": cfg.top_k or None, "top_p": cfg.top_p if cfg.top_p < 1.0 else None,
       "length": cfg.length or config.data.seq_len, "prompt": cfg.prompt,
   }
@@ -100,13 +102,14 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
         k, model, p, batch_size=cfg.num_samples, length=length, bos_id=vocab_size, prompt=pr,
         prompt_mask=pm, **filters), params, key, prompt, prompt_mask)
     return np.asarray(tokens), length, seconds, None
-  schedule = schedules.get_schedule(config.diffusion.schedule)
-  denoiser = lambda p: lambda z, alpha: model.apply({"params": p}, z, alpha)
+  # A learned schedule is read from the params (concrete here), like the network.
+  schedule = objective.schedule_of(params, config)
+  denoiser = lambda p: lambda z, time: model.apply({"params": objective.network_params(p)}, z, time)
   sample_kwargs = dict(schedule=schedule, mask_id=vocab_size, method=cfg.method,
-                       num_steps=cfg.num_steps, **filters)
+                       num_steps=cfg.num_steps, threshold=run["threshold"], **filters)
   if length > seq_len:
     start = time.perf_counter()
-    tokens, info = sampling.generate_semi_autoregressive(
+    tokens, info = blockwise.generate_semi_autoregressive(
         key, denoiser(params), batch_size=cfg.num_samples, total_length=length,
         context_length=seq_len, block_length=cfg.block_length or seq_len // 2,
         prompt=prompt_ids, **sample_kwargs)

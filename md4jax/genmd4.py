@@ -82,9 +82,9 @@ def continuous_integrand(logits: Array, x: Array, z_t: Array, schedule, t: Array
   return jnp.where(z_t == mask_id, per_position, 0.0).sum(-1)
 
 
-def _continuous_draw(key, denoise_fn, x, schedule, u, editable, *, mask_id, reconstruction_time):
+def _continuous_draw(keys, denoise_fn, x, schedule, u, editable, *, mask_id, reconstruction_time):
   """One draw of the truncated bound plus its reconstruction term: (nats [B], log q [B])."""
-  main_key, recon_key = masking.split_keys(key, 2)
+  main_key, recon_key = keys
   eps = reconstruction_time
   t = eps + (1.0 - eps) * u
   z_t, log_q = corrupt(main_key, x, schedule, t, mask_id=mask_id, editable=editable)
@@ -92,7 +92,11 @@ def _continuous_draw(key, denoise_fn, x, schedule, u, editable, *, mask_id, reco
   if eps > 0:
     t_eps = jnp.full_like(u, eps)
     z_eps, log_q_eps = corrupt(recon_key, x, schedule, t_eps, mask_id=mask_id, editable=editable)
-    nats += masking.masked_cross_entropy(denoise_fn(z_eps, t_eps), x, z_eps, mask_id=mask_id).sum(-1)
+    # At small ε z_ε is usually all visible: then the term is exactly 0 and the call is skipped.
+    nats += jax.lax.cond(
+        jnp.any(z_eps == mask_id),
+        lambda: masking.masked_cross_entropy(denoise_fn(z_eps, t_eps), x, z_eps, mask_id=mask_id).sum(-1),
+        lambda: jnp.zeros(x.shape[:1], jnp.float32))
     log_q += log_q_eps
   return nats, log_q
 
@@ -112,17 +116,20 @@ def _discrete_draw(key, denoise_fn, x, schedule, u, editable, *, mask_id, num_st
   return num_steps * jnp.where(z_t == mask_id, per_position, 0.0).sum(-1)
 
 
-def nelbo(key: Array, denoise_fn, x: Array, schedule, u: Array, editable: Array, *, mask_id: int,
+def nelbo(keys: tuple, denoise_fn, x: Array, schedule, u: Array, editable: Array, *, mask_id: int,
           num_steps: Optional[int] = None, reconstruction_time: float = 1e-4) -> Array:
   """One draw of the state-dependent NELBO per sequence [B] from times u [B] in (0, 1].
 
-  `key` holds one key per row (`masking.row_keys`); `md4jax.diffusion.nelbo`
-  prepares both and calls this for state-dependent schedules.
+  `keys` = (main, reconstruction), each one key per row (`masking.row_keys`);
+  `md4jax.diffusion.nelbo` prepares them and calls this for state-dependent
+  schedules. The main corruption uses the same draws as a mask-rate schedule's.
+  The discrete-time bound (num_steps) needs no reconstruction_time: its grid
+  reaches t = 0.
   """
   if num_steps is not None:
-    return _discrete_draw(key, denoise_fn, x, schedule, u, editable, mask_id=mask_id,
+    return _discrete_draw(keys[0], denoise_fn, x, schedule, u, editable, mask_id=mask_id,
                           num_steps=num_steps)
-  return _continuous_draw(key, denoise_fn, x, schedule, u, editable, mask_id=mask_id,
+  return _continuous_draw(keys, denoise_fn, x, schedule, u, editable, mask_id=mask_id,
                           reconstruction_time=reconstruction_time)[0]
 
 
@@ -130,11 +137,15 @@ def surrogate(key: Array, denoise_fn, x: Array, schedule, u: Array, editable: Ar
               mask_id: int, gradient: str = "rloo",
               reconstruction_time: float = 1e-4) -> tuple[Array, Array]:
   """(nats [B], surrogate [B]): two draws' mean NELBO, and a loss whose gradient also holds the
-  score-function term for the schedule's parameters. Equal in value; differentiate the second."""
+  score-function term for the schedule's parameters. Equal in value; differentiate the second.
+
+  "score" also draws twice (no baseline), so the two estimators cost the same and their
+  variances compare draw for draw.
+  """
   if gradient not in GRADIENTS:
     raise ValueError(f"Unknown schedule gradient {gradient!r}; valid: {', '.join(GRADIENTS)}.")
-  draws = [_continuous_draw(k, denoise_fn, x, schedule, u, editable, mask_id=mask_id,
-                            reconstruction_time=reconstruction_time)
+  draws = [_continuous_draw(masking.split_keys(k, 2), denoise_fn, x, schedule, u, editable,
+                            mask_id=mask_id, reconstruction_time=reconstruction_time)
            for k in masking.split_keys(key, 2)]
   losses = []
   for index, (nats, log_q) in enumerate(draws):

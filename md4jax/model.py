@@ -17,6 +17,9 @@ import jax.numpy as jnp
 
 ATTENTIONS = ("xla", "cudnn", "splash")
 REMATS = ("none", "full", "save_dots")
+NORMS = ("rms", "layer")  # RMSNorm with a learned scale; LayerNorm without scale or bias (MD4's).
+MLPS = ("swiglu", "sigmoid_glu")  # Gate silu(x W_g) or sigmoid(x W_g), times x W_up.
+OUTPUT_INITS = ("normal", "zeros")
 _TIME_CONDITIONINGS = ("none", "adaln")
 _INIT_STD = 0.02
 
@@ -192,10 +195,11 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-  """Gated MLP: W_down(silu(x W_gate) * (x W_up)); no biases."""
+  """Gated MLP: W_down(silu(x W_gate) * (x W_up)), or with a sigmoid gate; no biases."""
   mlp_dim: int
   out_std: float
   dtype: jnp.dtype
+  gate: str = "swiglu"
 
   @nn.compact
   def __call__(self, x):
@@ -204,11 +208,14 @@ class SwiGLU(nn.Module):
         kernel_init=_init(nn.initializers.normal(std), names), name=name)
     gate = dense(self.mlp_dim, _INIT_STD, ("embed", "mlp"), "gate")(x)
     up = dense(self.mlp_dim, _INIT_STD, ("embed", "mlp"), "up")(x)
-    hidden = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
+    activation = nn.silu if self.gate == "swiglu" else nn.sigmoid
+    hidden = _constrain(activation(gate) * up, ("batch", "length", "mlp"))
     return dense(x.shape[-1], self.out_std, ("mlp", "embed"), "down")(hidden)
 
 
-def _rms_norm(dtype, name):
+def _norm(kind, dtype, name):
+  if kind == "layer":
+    return nn.LayerNorm(use_scale=False, use_bias=False, dtype=dtype, param_dtype=jnp.float32, name=name)
   return nn.RMSNorm(dtype=dtype, param_dtype=jnp.float32,
                     scale_init=_init(nn.initializers.ones, ("embed",)), name=name)
 
@@ -222,16 +229,19 @@ class Block(nn.Module):
   rope_base: float
   dtype: jnp.dtype
   attention: str = "xla"
+  norm: str = "rms"
+  mlp: str = "swiglu"
 
   @nn.compact
   def __call__(self, x, cond=None, mask=None, positions=None, segment_ids=None):
     model_dim = x.shape[-1]
+    norm = lambda name: _norm(self.norm, self.dtype, name)
     attn = Attention(self.num_heads, self.causal, self.out_std, self.rope_base,
                      self.dtype, self.attention, name="attn")
-    mlp = SwiGLU(self.mlp_dim, self.out_std, self.dtype, name="mlp")
+    mlp = SwiGLU(self.mlp_dim, self.out_std, self.dtype, self.mlp, name="mlp")
     if cond is None:
-      x = x + attn(_rms_norm(self.dtype, "attn_norm")(x), mask, positions, segment_ids)
-      return _constrain(x + mlp(_rms_norm(self.dtype, "mlp_norm")(x)), _HIDDEN)
+      x = x + attn(norm("attn_norm")(x), mask, positions, segment_ids)
+      return _constrain(x + mlp(norm("mlp_norm")(x)), _HIDDEN)
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
     mod = nn.Dense(6 * model_dim, use_bias=False, dtype=self.dtype,
@@ -239,9 +249,9 @@ class Block(nn.Module):
                    kernel_init=_init(nn.initializers.zeros, ("embed", "modulation")),
                    name="adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attn(_modulate(_rms_norm(self.dtype, "attn_norm")(x), shift1, scale1),
+    x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1),
                                      mask, positions, segment_ids)
-    x = x + gate2[:, None, :] * mlp(_modulate(_rms_norm(self.dtype, "mlp_norm")(x), shift2, scale2))
+    x = x + gate2[:, None, :] * mlp(_modulate(norm("mlp_norm")(x), shift2, scale2))
     return _constrain(x, _HIDDEN)
 
 
@@ -283,6 +293,10 @@ class Transformer(nn.Module):
   attention: str = "xla"
   remat: str = "none"
   scan_layers: bool = False
+  norm: str = "rms"
+  mlp: str = "swiglu"
+  embed_dim: int = 0  # Token embedding width, projected to model_dim; 0 = model_dim, no projection.
+  output_init: str = "normal"
 
   def _check_config(self, alpha):
     if self.time_conditioning not in _TIME_CONDITIONINGS:
@@ -290,8 +304,10 @@ class Transformer(nn.Module):
                        f"expected one of {_TIME_CONDITIONINGS}")
     if self.attention not in ATTENTIONS:
       raise ValueError(f"unknown attention {self.attention!r}; expected one of {ATTENTIONS}")
-    if self.remat not in REMATS:
-      raise ValueError(f"unknown remat {self.remat!r}; expected one of {REMATS}")
+    for name, value, valid in (("remat", self.remat, REMATS), ("norm", self.norm, NORMS),
+                               ("mlp", self.mlp, MLPS), ("output_init", self.output_init, OUTPUT_INITS)):
+      if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {valid}")
     if self.model_dim % self.num_heads:
       raise ValueError(f"model_dim {self.model_dim} is not divisible by "
                        f"num_heads {self.num_heads}")
@@ -306,7 +322,7 @@ class Transformer(nn.Module):
     # the stream's variance at init does not grow with num_layers (GPT-2).
     kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
                   out_std=_INIT_STD / math.sqrt(2 * self.num_layers), rope_base=self.rope_base,
-                  dtype=self.dtype, attention=self.attention)
+                  dtype=self.dtype, attention=self.attention, norm=self.norm, mlp=self.mlp)
     block = Block
     if self.remat != "none":
       # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
@@ -323,7 +339,7 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, alpha=None, segment_ids=None, positions=None):
-    """tokens [B, L] int32; alpha [B] float (alpha(t) per sequence) or None.
+    """tokens [B, L] int32; alpha [B] float (alpha(t) per sequence; t for a state-dependent schedule) or None.
 
     segment_ids [B, L] int (1, 2, ... per packed document, 0 = padding) or None:
     given, a position attends only to positions of its own nonzero segment.
@@ -346,9 +362,13 @@ class Transformer(nn.Module):
     dense_init = nn.initializers.normal(_INIT_STD)
 
     # V + 1 rows: the extra row is the mask token (input only).
-    x = nn.Embed(self.vocab_size + 1, self.model_dim, dtype=self.dtype,
-                 param_dtype=jnp.float32, embedding_init=_init(dense_init, ("vocab", "embed")),
+    embed_dim = self.embed_dim or self.model_dim
+    x = nn.Embed(self.vocab_size + 1, embed_dim, dtype=self.dtype, param_dtype=jnp.float32,
+                 embedding_init=_init(dense_init, ("vocab", None if self.embed_dim else "embed")),
                  name="embed")(tokens)
+    if self.embed_dim:  # A narrow embedding projected to the width (MD4's 64-d tokens).
+      x = nn.Dense(self.model_dim, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
+                   kernel_init=_init(dense_init, (None, "embed")), name="embed_proj")(x)
     x = _constrain(x, _HIDDEN)
 
     cond = None
@@ -366,7 +386,7 @@ class Transformer(nn.Module):
 
     x = self._blocks(x, cond, mask, positions, segment_ids)
 
-    x = _rms_norm(self.dtype, "final_norm")(x)
+    x = _norm(self.norm, self.dtype, "final_norm")(x)
     if cond is not None:
       mod = nn.Dense(2 * self.model_dim, use_bias=False, dtype=self.dtype,
                      param_dtype=jnp.float32,
@@ -374,8 +394,9 @@ class Transformer(nn.Module):
                      name="final_adaln")(cond)
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = _modulate(x, shift, scale)
+    output_init = nn.initializers.zeros if self.output_init == "zeros" else dense_init
     logits = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
-                      param_dtype=jnp.float32, kernel_init=_init(dense_init, ("embed", "vocab")),
+                      param_dtype=jnp.float32, kernel_init=_init(output_init, ("embed", "vocab")),
                       name="logits")(x)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
     return _constrain(logits, ("batch", "length", "vocab"))

@@ -1,5 +1,6 @@
-"""PNG plots from a workdir's files: training curves (metrics.jsonl), NELBO vs T and the per-t
-loss profile (eval.json), and the sample-quality frontier (frontier.json).
+"""PNG plots from a workdir's files: training curves (metrics.jsonl), NELBO vs T, the per-t
+loss profile and a learned schedule's exponents (eval.json), and the sample-quality frontier
+(frontier.json).
 
 They read only what the run wrote, so they can be redrawn for any workdir:
   python -c "from md4jax import plots; plots.write_all('/tmp/md4jax_tiny')"
@@ -16,7 +17,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 from md4jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # metrics.jsonl series drawn as training curves, each in its own panel.
-CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate")
+CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate", "exponent_std")
 
 
 def _read_jsonl(path: pathlib.Path) -> list[dict]:
@@ -87,14 +88,35 @@ def loss_profile(results: dict, path: pathlib.Path):
   plt.close(fig)
 
 
+def learned_exponents(results: dict, path: pathlib.Path, max_labels: int = 60):
+  """The learned schedule's w_v sorted, one bar per token labelled with its text: large w is
+  masked late and revealed early (α_v = 1 − t^{w_v})."""
+  learned = results["learned_schedule"]
+  w, tokens = learned["exponents"], learned["tokens"]
+  if len(w) > max_labels:  # Large vocabularies: the extremes only.
+    half = max_labels // 2
+    w, tokens = w[:half] + w[-half:], tokens[:half] + tokens[-half:]
+  fig, ax = plt.subplots(figsize=(max(5, 0.22 * len(w)), 3.5))
+  ax.bar(range(len(w)), w)
+  ax.set_xticks(range(len(w)), [repr(t)[1:-1] or "·" for t in tokens], rotation=90, fontsize=7)
+  ax.axhline(1.0, color="k", ls=":", lw=0.8, label="w = 1 (linear)")
+  ax.set_ylabel("learned exponent w")
+  ax.set_title(f"{learned['schedule']}: α_v(t) = 1 − t^w_v, sorted", fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def _frontier_panel(ax, results: dict, value: str, label: str):
   """One line per (method, num_steps) through its temperatures; the held-out data as a star."""
   lines = {}
   for point in results["points"]:
-    lines.setdefault((point["method"], point["num_steps"]), []).append(point)
-  for (method, steps), points in lines.items():
+    lines.setdefault((point["method"], point["num_steps"], point.get("threshold")), []).append(point)
+  for (method, steps, threshold), points in lines.items():
     points = sorted(points, key=lambda p: p["temperature"])
-    name = method if steps is None else f"{method}, {steps} steps"
+    name = (f"{method}, τ = {threshold:g}" if threshold is not None else
+            method if steps is None else f"{method}, {steps} steps")
     ax.errorbar([p["sample_entropy"] for p in points], [p[value] for p in points],
                 xerr=[p["sample_entropy_stderr"] for p in points],
                 yerr=[p[f"{value}_stderr"] for p in points], marker="o", ms=3, capsize=2, label=name)
@@ -109,15 +131,42 @@ def _frontier_panel(ax, results: dict, value: str, label: str):
   ax.legend(fontsize=7)
 
 
+def _excess_per_call_panel(ax, results: dict):
+  """Exact-law excess (bits/token over the true entropy) against network calls, at temperature 1:
+  the lowest curve is the sampler that buys the most quality per call."""
+  lines = {}
+  for point in results["points"]:
+    if point["temperature"] == 1.0:
+      lines.setdefault(point["method"], []).append(point)
+  for method, points in lines.items():
+    points = sorted(points, key=lambda p: p["nfe"])
+    ax.errorbar([p["nfe"] for p in points],
+                [p["true_bits_per_token"] - results["true_bits_per_token"] for p in points],
+                yerr=[p["true_bits_per_token_stderr"] for p in points], marker="o", ms=3, capsize=2,
+                label=method)
+  ax.axhline(0.0, color="k", ls=":", lw=0.8)
+  ax.set_xscale("log")
+  ax.set_xlabel("network calls per batch (NFE)")
+  ax.set_ylabel("excess over the true entropy (bits/token)")
+  ax.set_title("temperature 1", fontsize=8)
+  ax.legend(fontsize=7)
+
+
 def draw_frontier(results: dict, path: pathlib.Path):
-  """Perplexity (judge and/or true law) against sample entropy; labels are temperatures."""
+  """Perplexity (judge and/or true law) against sample entropy, labels are temperatures; with a
+  known law, also the exact-law excess against NFE."""
   panels = [(value, label) for value, label in
             (("generative_perplexity", "generative perplexity (AR judge)"),
              ("true_perplexity", "perplexity under the true law"))
             if value in results["points"][0]]
-  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  per_call = "true_bits_per_token" in results and any(
+      p["temperature"] == 1.0 for p in results["points"])
+  fig, axes = plt.subplots(1, len(panels) + per_call, figsize=(5.5 * (len(panels) + per_call), 4),
+                           squeeze=False)
   for ax, (value, label) in zip(axes[0], panels):
     _frontier_panel(ax, results, value, label)
+  if per_call:
+    _excess_per_call_panel(axes[0][-1], results)
   fig.suptitle(f"{results['num_samples']} samples per point; labels: temperature", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -146,6 +195,9 @@ def write_all(workdir, frontier: bool = True) -> list[pathlib.Path]:
   if results and results.get("loss_profile"):
     loss_profile(results, out / "loss_profile.png")
     written.append(out / "loss_profile.png")
+  if results and results.get("learned_schedule"):
+    learned_exponents(results, out / "learned_exponents.png")
+    written.append(out / "learned_exponents.png")
   frontier_path = workdir.frontier_json
   if frontier and frontier_path.is_file():
     draw_frontier(json.loads(frontier_path.read_text()), out / "frontier.png")

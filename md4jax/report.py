@@ -102,6 +102,17 @@ def render(results: dict) -> str:
               "| t | bits/token |", "|---|---|"]
     for lo, hi, value, stderr in zip(edges, edges[1:], profile["bits_per_token"], profile["stderr"]):
       lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")
+  if "learned_schedule" in results:
+    learned = results["learned_schedule"]
+    lines += ["", "## Learned masking schedule", "",
+              f"{learned['schedule']}: α_v(t) = 1 − t^(w_v), learned with the model (GenMD4). A "
+              "large w_v keeps token v visible longer (masked late, revealed early in sampling). "
+              f"w ranges over [{learned['min']:.3f}, {learned['max']:.3f}] (std {learned['std']:.3f}); "
+              "plots/learned_exponents.png draws them sorted.", "",
+              "| token | id | w |", "|---|---|---|"]
+    rows = list(zip(learned["tokens"], learned["token_ids"], learned["exponents"]))
+    shown = [f"| {repr(token)[1:-1]} | {token_id} | {w:.4f} |" for token, token_id, w in rows]
+    lines += shown if len(shown) <= 40 else shown[:20] + ["| … | … | … |"] + shown[-20:]
   if "generative_perplexity" in results:
     sampler = ", ".join(f"{k}={v}" for k, v in results["sampler"].items() if v not in (None, ""))
     lines += ["", "## Samples under the judge", "",

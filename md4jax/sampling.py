@@ -15,14 +15,39 @@ Methods:
                  equal to ancestral for a denoiser that ignores α; a
                  time-conditioned denoiser would see a stale α, so use
                  ancestral for those.
+  jump           exactly ancestral with T steps, for a time-free denoiser, at
+                 ~min(T, L) calls: a step that reveals nothing leaves z (and
+                 the logits) unchanged, so each sequence jumps straight to its
+                 next step that reveals something. With n masks at step i the
+                 steps i..k all reveal nothing with prob (λ(t_{k−1}) / λ(t_i))^n,
+                 so that step is found from one uniform (as in first-hitting,
+                 then located on the grid), and its reveals are the step's
+                 independent Bernoulli(r) draws conditioned on ≥ 1. One call
+                 serves every sequence's next event.
   first_hitting  exact, no discretization: with n masks at mask rate λ, the next
                  reveal happens at λ·u^(1/n) and reveals one uniformly chosen
                  masked position (one network call per masked position).
   confidence     MaskGIT-style heuristic (not the reverse process): each step
                  reveals the most confident masked positions, as many as the
                  schedule's mask rate says should remain masked.
+  threshold      Fast-dLLM parallel decoding (a heuristic): each call reveals
+                 every masked position whose top probability (under the
+                 temperature / top-k / top-p law; at temperature 0, the plain
+                 softmax) is ≥ `threshold`, and at least the most confident one
+                 per sequence; revealed tokens are drawn from that law. (A
+                 recorded trajectory's top_probs are the unfiltered softmax.)
+
+A state-dependent schedule (GenMD4) samples with "ancestral" only, and its
+denoiser is called as denoise_fn(z, t [B]). From t to s, a masked position
+whose clean value is v stays masked with prob (1 − α_v(s)) / (1 − α_v(t))
+(the forward process, read backwards), so given the prediction μ it is
+revealed as v with prob μ_v (α_v(s) − α_v(t)) / (1 − α_v(t)) and stays masked
+with prob Σ_v μ_v (1 − α_v(s)) / (1 − α_v(t)): one categorical over V + 1
+outcomes, the last of which (id V = mask_id) is "stay masked". μ is the
+denoiser's law after temperature / top-k / top-p.
 """
 
+import functools
 from typing import Optional
 
 import chex
@@ -34,7 +59,8 @@ from md4jax import diffusion
 
 Array = jax.Array
 
-METHODS = ("ancestral", "cached", "first_hitting", "confidence")
+METHODS = ("ancestral", "cached", "jump", "first_hitting", "confidence", "threshold")
+TIME_FREE_METHODS = ("cached", "jump")  # Exact only for a denoiser that ignores α.
 TIME_GRIDS = ("uniform", "cosine")
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
@@ -123,6 +149,111 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
   return z, nfe, trajectory
 
 
+def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind,
+                               filtered, noise, trajectory):
+  grid = time_grid(num_steps, grid_kind)
+  batch_size = z.shape[0]
+
+  def body(i, carry):
+    z, trajectory = carry
+    step = num_steps - i
+    time = jnp.full((batch_size,), grid[step], jnp.float32)
+    logits = denoise_fn(z, time).astype(jnp.float32)
+    mask_t, mask_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
+    # P(still masked at s | masked at t, value v) [V]; 0 on the last step (α_v(0) = 1).
+    stay = jnp.where((step > 1) & (mask_t > 0), mask_s / jnp.where(mask_t > 0, mask_t, 1.0), 0.0)
+    probs = filtered(logits)
+    outcome_probs = jnp.concatenate(
+        [probs * (1.0 - stay), jnp.sum(probs * stay, axis=-1, keepdims=True)], axis=-1)
+    outcome_logits = jnp.log(jnp.maximum(outcome_probs, 0.0))
+    outcome = categorical.sample_categorical(jax.random.fold_in(key, step), outcome_logits,
+                                             noise=noise)
+    z = jnp.where(z == mask_id, outcome, z)  # Outcome mask_id: stays masked.
+    return z, _record(trajectory, i, z, logits, time)
+
+  z, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, trajectory))
+  return z, jnp.int32(num_steps), trajectory
+
+
+def _reveal_at_least_one(key, masked, reveal_prob):
+  """Each masked position revealed with prob r, conditioned on at least one, [B, L] bool. Exact:
+  in a uniformly random order, the first revealed one is at K ~ Geometric(r) truncated to 1..n
+  (drawn by inverse CDF, in logs), and every later one is revealed with prob r on its own."""
+  order_key, first_key, rest_key = jax.random.split(key, 3)
+  n = masked.sum(-1)
+  scores = jnp.where(masked, jax.random.uniform(order_key, masked.shape), -1.0)
+  rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)  # 0..n−1 over the masked positions.
+  log_keep = jnp.log1p(-jnp.minimum(reveal_prob, 1.0))[:, None]  # log(1 − r); −inf when r = 1.
+  u = jax.random.uniform(first_key, n.shape)[:, None]
+  all_kept = -jnp.expm1(n[:, None] * log_keep)  # 1 − (1 − r)^n
+  first = jnp.ceil(jnp.log1p(-u * all_kept) / log_keep) - 1  # 0-based rank of the first reveal.
+  first = jnp.clip(jnp.nan_to_num(first, nan=0.0), 0, jnp.maximum(n[:, None] - 1, 0))
+  later = jax.random.uniform(rest_key, masked.shape) < reveal_prob[:, None]
+  return masked & ((rank == first) | ((rank > first) & later))
+
+
+def _jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, trajectory):
+  grid = time_grid(num_steps, grid_kind)
+  mask_grid = schedule.mask_prob(grid)  # λ(t_0) ≤ ... ≤ λ(t_T), [T + 1].
+  batch_size = z.shape[0]
+
+  def cond(carry):
+    return (carry[0] == mask_id).any()
+
+  def body(carry):
+    z, step, nfe, trajectory = carry  # step [B]: the next grid step each sequence processes.
+    hit_key, reveal_key, draw_key = jax.random.split(jax.random.fold_in(key, nfe), 3)
+    masked = z == mask_id
+    n = masked.sum(-1)
+    u = jax.random.uniform(hit_key, (batch_size,), minval=1e-12)
+    # Steps step..k reveal nothing with prob (λ(t_{k−1}) / λ(t_step))^n: the event step j has
+    # λ(t_{j−1}) < λ(t_step) u^(1/n) ≤ λ(t_j) (the last step, j = 1, reveals all that is left).
+    target = mask_grid[step] * u ** (1.0 / jnp.maximum(n, 1))
+    # Finished rows (step 0) keep event 1: nothing of theirs is masked, nothing changes.
+    event = jnp.clip(jnp.searchsorted(mask_grid, target, side="left"), 1, jnp.maximum(step, 1))
+    reveal_prob = jnp.where(event == 1, 1.0, (mask_grid[event] - mask_grid[event - 1])
+                            / jnp.maximum(mask_grid[event], 1e-30))
+    reveal = _reveal_at_least_one(reveal_key, masked, reveal_prob)
+    alpha = schedule.alpha(grid[event]).astype(jnp.float32)
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    z = jnp.where(reveal, draw(draw_key, logits), z)
+    step = jnp.where(n > 0, event - 1, step)
+    return z, step, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
+
+  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), trajectory)
+  z, _, nfe, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, _repeat_final(trajectory, z, nfe)
+
+
+def _repeat_final(trajectory, z, nfe):
+  """Recorded steps past the last call repeat the final state."""
+  if trajectory is not None:
+    after_end = jnp.arange(trajectory["tokens"].shape[0])[:, None, None] > nfe
+    trajectory["tokens"] = jnp.where(after_end, z, trajectory["tokens"])
+  return trajectory
+
+
+def _threshold(key, denoise_fn, z, mask_id, threshold, draw, filtered, trajectory):
+  length = z.shape[1]
+
+  def cond(carry):
+    return (carry[0] == mask_id).any()
+
+  def body(carry):
+    z, nfe, trajectory = carry
+    masked = z == mask_id
+    alpha = 1.0 - masked.sum(-1) / length  # The share already revealed.
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    top = jnp.where(masked, jax.nn.softmax(filtered(logits), axis=-1).max(-1), -1.0)
+    best = jax.nn.one_hot(jnp.argmax(top, -1), length, dtype=jnp.bool_)
+    reveal = masked & ((top >= threshold) | best)
+    z = jnp.where(reveal, draw(jax.random.fold_in(key, nfe), logits), z)
+    return z, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
+
+  z, nfe, trajectory = jax.lax.while_loop(cond, body, (z, jnp.int32(0), trajectory))
+  return z, nfe, _repeat_final(trajectory, z, nfe)
+
+
 def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
   batch_size, length = z.shape
 
@@ -148,10 +279,7 @@ def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
 
   init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), trajectory)
   z, _, nfe, trajectory = jax.lax.while_loop(cond, body, init)
-  if trajectory is not None:  # Steps past the last event repeat the final state.
-    after_end = jnp.arange(length + 1)[:, None, None] > nfe
-    trajectory["tokens"] = jnp.where(after_end, z, trajectory["tokens"])
-  return z, nfe, trajectory
+  return z, nfe, _repeat_final(trajectory, z, nfe)
 
 
 def _confidence_scores(logits, kind):
@@ -197,26 +325,39 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
            top_k: Optional[int] = None, top_p: Optional[float] = None,
            prompt: Optional[Array] = None, prompt_mask: Optional[Array] = None,
            time_grid_kind: str = "uniform", confidence: str = "max_prob",
-           noise: str = "float64", record_trajectory: bool = False, trajectory_top_k: int = 5):
+           threshold: Optional[float] = None, noise: str = "float64",
+           record_trajectory: bool = False, trajectory_top_k: int = 5):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
   Args:
     prompt, prompt_mask: tokens [L] or [B, L] and where they are given (default:
       wherever prompt != mask_id); those positions never change (infilling
       when they are scattered).
-    num_steps: steps of the time grid; ignored by first_hitting. Required otherwise.
+    num_steps: steps of the time grid; ignored by first_hitting and threshold.
+      Required otherwise.
+    threshold: method="threshold" only: reveal every masked position whose top
+      probability is >= threshold (in (0, 1]).
     noise: "float64" (accurate tails, default) or "float32" (for comparison only).
     record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's
-      "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step.
-      S = num_steps, or L for first_hitting (steps past info["nfe"] repeat the end).
+      "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step
+      (the times t for a state-dependent schedule).
+      S = num_steps; L for first_hitting and threshold; min(num_steps, L) for jump
+      (steps past info["nfe"] repeat the end).
   Returns:
     (tokens [B, L] int32, info) with info["nfe"] the number of network calls for the batch.
   """
   if method not in METHODS:
     raise ValueError(f"Unknown sampling method {method!r}; valid: {', '.join(METHODS)}.")
-  if method != "first_hitting" and (num_steps is None or num_steps < 1):
+  if schedule.state_dependent and method != "ancestral":
+    raise ValueError(f"The state-dependent schedule {schedule.name!r} samples with "
+                     f"method='ancestral' only, got {method!r}.")
+  if method not in ("first_hitting", "threshold") and (num_steps is None or num_steps < 1):
     raise ValueError(f"method={method!r} needs num_steps >= 1, got {num_steps!r}.")
+  if (method == "threshold") != (threshold is not None) or (
+      threshold is not None and not 0 < threshold <= 1):
+    raise ValueError("method='threshold' needs a threshold in (0, 1], and only it takes one; got "
+                     f"method={method!r}, threshold={threshold!r}.")
   if noise not in categorical.NOISE_KINDS:
     raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(categorical.NOISE_KINDS)}.")
   filter_kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -234,13 +375,29 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   z = _initial_tokens(batch_size, length, mask_id, prompt, prompt_mask)
   trajectory = None
   if record_trajectory:
-    num_records = length if method == "first_hitting" else num_steps
+    num_records = {"first_hitting": length, "threshold": length,
+                   "jump": min(num_steps or 1, length)}.get(method, num_steps)
     trajectory = _new_trajectory(z, num_records, mask_id, trajectory_top_k)
-  if method in ("ancestral", "cached"):
+  if schedule.state_dependent:
+    def probs(logits):
+      if temperature == 0:  # Greedy: all mass on the top token.
+        return jax.nn.one_hot(jnp.argmax(logits, -1), mask_id, dtype=jnp.float32)
+      return jax.nn.softmax(categorical.filter_logits(logits, **filter_kwargs), axis=-1)
+    tokens, nfe, trajectory = _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id,
+                                                         num_steps, time_grid_kind, probs, noise,
+                                                         trajectory)
+  elif method in ("ancestral", "cached"):
     tokens, nfe, trajectory = _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
                                          time_grid_kind, method == "cached", draw, trajectory)
+  elif method == "jump":
+    tokens, nfe, trajectory = _jump(key, denoise_fn, z, schedule, mask_id, num_steps,
+                                    time_grid_kind, draw, trajectory)
   elif method == "first_hitting":
     tokens, nfe, trajectory = _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory)
+  elif method == "threshold":
+    tokens, nfe, trajectory = _threshold(key, denoise_fn, z, mask_id, threshold, draw,
+                                         functools.partial(categorical.filter_logits, **filter_kwargs),
+                                         trajectory)
   else:
     def filtered(logits):
       return categorical.filter_logits(logits, **filter_kwargs)
@@ -250,61 +407,3 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   if trajectory is not None:
     info["trajectory"] = trajectory
   return tokens, info
-
-
-def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, total_length: int,
-                                 context_length: int, block_length: int, schedule, mask_id: int,
-                                 prompt: Optional[Array] = None, eos_id: Optional[int] = None,
-                                 **sample_kwargs):
-  """Generates past the model's context, MDLM style, block by block.
-
-  The first window of `context_length` tokens is sampled from all-mask (with
-  the prompt, a prefix [P] or [B, P], clamped). Each later window keeps the
-  last context_length − block_length tokens as a clamped prefix and samples
-  `block_length` new ones. With `eos_id`, generation stops once every sequence
-  has an EOS, and tokens after a sequence's first EOS are set to EOS.
-  `sample_kwargs` go to `sample` (method, num_steps, temperature, ...).
-
-  Returns:
-    (tokens [B, total_length] int32, info) with info["nfe"] (all blocks),
-    info["num_blocks"] and info["lengths"] [B] (up to and including the first EOS).
-  """
-  if not 0 < block_length <= context_length:
-    raise ValueError(f"Need 0 < block_length <= context_length, got {block_length}, {context_length}.")
-  if total_length < 1:
-    raise ValueError(f"total_length must be >= 1, got {total_length}.")
-  window = min(context_length, total_length)
-  prefix = jnp.zeros((batch_size, 0), jnp.int32)
-  if prompt is not None:
-    prefix = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, jnp.shape(prompt)[-1]))
-    if prefix.shape[1] > window:
-      raise ValueError(f"The prompt ({prefix.shape[1]} tokens) is longer than the window ({window}).")
-
-  @jax.jit
-  def sample_window(window_key, given, given_mask):
-    return sample(window_key, denoise_fn, batch_size=batch_size, length=window, schedule=schedule,
-                  mask_id=mask_id, prompt=given, prompt_mask=given_mask, **sample_kwargs)
-
-  def clamped(known):  # Window with `known` as its prefix and masks after it.
-    pad = window - known.shape[1]
-    given = jnp.concatenate([known, jnp.full((batch_size, pad), mask_id, jnp.int32)], axis=1)
-    return given, jnp.arange(window) < known.shape[1]
-
-  tokens, info = sample_window(jax.random.fold_in(key, 0), *clamped(prefix))
-  nfe, num_blocks = int(info["nfe"]), 1
-  keep = window - block_length
-  while tokens.shape[1] < total_length:
-    if eos_id is not None and bool(jnp.all(jnp.any(tokens == eos_id, axis=1))):
-      break
-    new, info = sample_window(jax.random.fold_in(key, num_blocks), *clamped(tokens[:, tokens.shape[1] - keep:]))
-    tokens = jnp.concatenate([tokens, new[:, keep:]], axis=1)
-    nfe, num_blocks = nfe + int(info["nfe"]), num_blocks + 1
-  tokens = tokens[:, :total_length]
-  lengths = jnp.full((batch_size,), tokens.shape[1], jnp.int32)
-  if eos_id is not None:
-    is_eos = tokens == eos_id
-    lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, lengths)
-    tokens = jnp.where(jnp.arange(tokens.shape[1]) >= lengths[:, None], eos_id, tokens)
-    if tokens.shape[1] < total_length:  # Stopped early: pad with EOS.
-      tokens = jnp.pad(tokens, ((0, 0), (0, total_length - tokens.shape[1])), constant_values=eos_id)
-  return tokens, {"nfe": nfe, "num_blocks": num_blocks, "lengths": lengths}

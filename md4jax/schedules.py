@@ -28,6 +28,7 @@ from typing import Callable
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jnp.ndarray
 
@@ -238,7 +239,7 @@ class TokenPolynomial(Schedule):
     if w is None or jnp.ndim(w) != 1:
       raise ValueError("TokenPolynomial schedule needs exponents, a positive [V] array, got "
                        f"{None if w is None else jnp.shape(w)}.")
-    if not isinstance(w, jax.core.Tracer) and not bool(jnp.all(jnp.asarray(w) > 0)):
+    if not isinstance(w, jax.core.Tracer) and not np.all(np.asarray(w) > 0):
       raise ValueError("TokenPolynomial schedule needs every exponent > 0.")
 
   def _power(self, t):

@@ -17,6 +17,7 @@ import optax
 from jax.sharding import Mesh
 
 from md4jax import model as model_lib
+from md4jax import objective
 from md4jax import sharding
 
 
@@ -35,7 +36,8 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
       vocab_size=config.data.vocab_size, num_layers=m.num_layers, model_dim=m.model_dim,
       num_heads=m.num_heads, mlp_dim=m.mlp_dim, causal=m.type == "ar",
       time_conditioning=m.time_conditioning, dtype=jnp.dtype(m.dtype), attention=m.attention,
-      remat=m.remat, scan_layers=m.scan_layers)
+      remat=m.remat, scan_layers=m.scan_layers, norm=m.norm, mlp=m.mlp, embed_dim=m.embed_dim,
+      output_init=m.output_init)
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -53,11 +55,22 @@ def weight_decay_mask(params) -> Any:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW on everything; a learned schedule's θ moves at diffusion.exponent_learning_rate
+  (its Adam step rescaled, on the same warmup and decay) and is clipped on its own, so its
+  noisy score-function gradient never shrinks the network's step."""
   opt = config.optimizer
+  adamw = optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
+                      weight_decay=opt.weight_decay, mask=weight_decay_mask)
+  if not objective.is_learned(config):
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adamw)
+  def is_theta(params, theta=True):
+    return {k: jax.tree.map(lambda _: (k == objective.SCHEDULE_PARAMS) == theta, v)
+            for k, v in params.items()}
+  ratio = config.diffusion.exponent_learning_rate / opt.learning_rate
   return optax.chain(
-      optax.clip_by_global_norm(opt.grad_clip_norm),
-      optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
-                  weight_decay=opt.weight_decay, mask=weight_decay_mask))
+      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), functools.partial(is_theta, theta=False)),
+      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), is_theta),
+      adamw, optax.masked(optax.scale(ratio), is_theta))
 
 
 def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> TrainState:
@@ -66,6 +79,8 @@ def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> Tr
   params_rng, step_rng = jax.random.split(rng)
   tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
   params = model.init(params_rng, tokens, jnp.ones((1,)))["params"]
+  if objective.is_learned(config):
+    params = {**params, objective.SCHEDULE_PARAMS: objective.initial_schedule_params(config)}
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                     ema_params=jax.tree.map(jnp.copy, params), rng=step_rng)
 

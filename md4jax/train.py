@@ -43,19 +43,35 @@ def _microbatches(batch: dict, num: int) -> tuple[dict, jax.Array]:
   return micro, split(jnp.arange(rows))
 
 
+def ema_decay_at(step: jax.Array, decay: float) -> jax.Array:
+  """The EMA decay of the update after `step` optimizer steps: min(decay, (1 + step) / (10 + step)).
+
+  The warm-up keeps the random init from lingering in the EMA (with a fixed 0.999 it would
+  still hold 37% of it after 1,000 steps): after n steps its weight is Π (1 + k) / (10 + k)
+  = 9! n! / (n + 9)! (1e-5 after 10 steps) until the rate reaches `decay`.
+  """
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+def _flat_aux(value_and_grad_output):
+  """((loss, nats), grads) -> (nats, grads): the NELBO is what is reported, never the surrogate."""
+  (_, nats), grads = value_and_grad_output
+  return nats, grads
+
+
 def train_step(state: TrainState, batch: dict, *, model, optimizer,
                config: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
   """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions, editable). Pure."""
   key = jax.random.fold_in(state.rng, state.step)
   num_rows = batch["tokens"].shape[0]
 
-  def total_nats(params, rows: dict, row_index: jax.Array) -> jax.Array:
-    nats = objective.sequence_nats(params, rows, key, model=model, config=config,
-                                   estimator=config.training.estimator, t_sampling="stratified",
-                                   row_index=row_index, num_rows=num_rows)
-    return nats.sum()
+  def total_nats(params, rows: dict, row_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    # (differentiated loss, reported NELBO): equal in value (objective.training_loss).
+    loss, nats = objective.training_loss(params, rows, key, model=model, config=config,
+                                         row_index=row_index, num_rows=num_rows)
+    return loss.sum(), nats.sum()
 
-  grad_fn = jax.value_and_grad(total_nats)
+  grad_fn = lambda *args: _flat_aux(jax.value_and_grad(total_nats, has_aux=True)(*args))
   num_micro = config.training.grad_accum_steps
   if num_micro == 1:
     total, grads = grad_fn(state.params, batch, jnp.arange(num_rows))
@@ -64,6 +80,7 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
       value, grads = grad_fn(state.params, *inputs)
       return jax.tree.map(jnp.add, carry, (value, grads)), None
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
+    # Accumulates (reported NELBO, grads).
     (total, grads), _ = jax.lax.scan(accumulate, zeros, _microbatches(batch, num_micro))
   # Per valid token, never per masked token (MATH.md, "Objective").
   num_tokens = jnp.maximum(batch["editable"].astype(jnp.int32).sum(), 1)
@@ -71,14 +88,18 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
   grads = jax.tree.map(lambda g: g / num_tokens, grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  decay = config.optimizer.ema_decay
+  decay = ema_decay_at(state.step, config.optimizer.ema_decay)
   ema_params = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
   metrics = {
       "loss": loss,
       "nelbo_bits_per_token": loss / math.log(2.0),  # For "ar": the NLL in bits/token.
-      "grad_norm": optax.tree.norm(grads),
+      "grad_norm": optax.tree.norm(objective.network_params(grads)),
       "learning_rate": state_lib.learning_rate_schedule(config)(state.step),
   }
+  if objective.is_learned(config):  # The learned schedule's exponents w, of the raw params.
+    w = objective.exponents(params, config)
+    metrics.update({"exponent_min": w.min(), "exponent_max": w.max(), "exponent_std": w.std(),
+                    "exponent_grad_norm": optax.tree.norm(grads[objective.SCHEDULE_PARAMS])})
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             ema_params=ema_params)
   return new_state, metrics

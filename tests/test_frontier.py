@@ -38,8 +38,14 @@ def test_sweep_settings():
       ("ancestral", 4), ("ancestral", 8), ("cached", 4), ("cached", 8)]
   config.model.type = "ar"
   config.frontier.temperatures = "0.9, 1.1"
-  assert frontier.sweep_settings(config) == [{"method": "ar", "num_steps": None, "temperature": 0.9},
-                                             {"method": "ar", "num_steps": None, "temperature": 1.1}]
+  assert frontier.sweep_settings(config) == [
+      {"method": "ar", "num_steps": None, "threshold": None, "temperature": 0.9},
+      {"method": "ar", "num_steps": None, "threshold": None, "temperature": 1.1}]
+  config.model.type = "mdm"
+  config.frontier.methods, config.frontier.thresholds, config.frontier.temperatures = (
+      "first_hitting,threshold", "0.5,0.9", "1")
+  assert [(s["method"], s["num_steps"], s["threshold"]) for s in frontier.sweep_settings(config)] == [
+      ("first_hitting", None, None), ("threshold", None, 0.5), ("threshold", None, 0.9)]
 
 
 def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):

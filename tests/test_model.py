@@ -291,3 +291,24 @@ def test_splash_needs_a_length_divisible_by_128():
   with pytest.raises(ValueError, match="divisible by 128"):
     splash_block_size(100)
   assert splash_block_size(1024) == 512 and splash_block_size(384) == 128
+
+
+def test_md4_model_choices():
+  """The ablation options: MD4's LayerNorm (no params), sigmoid gate, narrow embedding, zero output."""
+  tokens = _tokens()
+  base = _model()
+  base_params = init(base, jax.random.key(0), tokens)["params"]
+  md4 = _model(norm="layer", mlp="sigmoid_glu", embed_dim=16, output_init="zeros")
+  params = init(md4, jax.random.key(0), tokens)["params"]
+  assert params["embed"]["embedding"].shape == (V + 1, 16)
+  assert params["embed_proj"]["kernel"].shape == (16, 32)
+  assert "final_norm" not in params and "attn_norm" not in params["block_0"]  # LayerNorm, no scale.
+  np.testing.assert_array_equal(params["logits"]["kernel"], 0.0)
+  np.testing.assert_array_equal(md4.apply({"params": params}, tokens), 0.0)  # Uniform at init.
+  # Each option changes the function: the gate alone, on the base model's params.
+  sigmoid = _model(mlp="sigmoid_glu")
+  assert not np.allclose(sigmoid.apply({"params": base_params}, tokens),
+                         base.apply({"params": base_params}, tokens))
+  for bad in (dict(norm="batch"), dict(mlp="relu"), dict(output_init="ones")):
+    with pytest.raises(ValueError, match="unknown"):
+      init(_model(**bad), jax.random.key(0), tokens)

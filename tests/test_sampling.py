@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax import categorical, groundtruth, sampling, schedules
+from md4jax import blockwise, categorical, groundtruth, sampling, schedules
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -37,8 +37,9 @@ def _log_prob_gap(language, tokens):
   return nll.mean() - language.entropy(LENGTH), nll.std(ddof=1) / np.sqrt(nll.size)
 
 
-@pytest.mark.parametrize("method,num_steps", [("ancestral", 256), ("cached", 256),
-                                              ("first_hitting", None)])
+@pytest.mark.parametrize("method,num_steps", [
+    ("ancestral", 256), pytest.param("cached", 256, marks=pytest.mark.slow),  # cached == ancestral, token for token, below.
+    ("jump", 1000), ("first_hitting", None)])
 def test_exact_samplers_draw_the_true_distribution(language, method, num_steps):
   tokens, _ = _samples(language, method, num_steps)
   assert not np.any(tokens == MASK_ID)
@@ -113,7 +114,7 @@ def test_cached_equals_ancestral_with_fewer_calls(language):
   assert int(info["nfe"]) == cached_nfe <= reveal_events < ancestral_nfe
 
 
-def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None):
+def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None, **kwargs):
   """Runs a jitted sampler and records every z the network sees (in call order)."""
   states = []
   oracle = language.denoise_fn(MASK_ID)
@@ -125,17 +126,18 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None)
   tokens, _ = jax.jit(lambda key: sampling.sample(
       key, recording, batch_size=32, length=LENGTH, schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID, method=method, num_steps=num_steps, prompt=prompt,
-      prompt_mask=prompt_mask))(jax.random.PRNGKey(2))
+      prompt_mask=prompt_mask, **kwargs))(jax.random.PRNGKey(2))
   jax.effects_barrier()
   return states + [np.asarray(tokens)]
 
 
-@pytest.mark.parametrize("method,num_steps", [("ancestral", 8), ("cached", 8),
-                                              ("first_hitting", None), ("confidence", 6)])
-def test_revealed_tokens_never_change_and_prompts_are_clamped(language, method, num_steps):
+@pytest.mark.parametrize("method,num_steps,kwargs", [
+    ("ancestral", 8, {}), ("cached", 8, {}), ("jump", 8, {}), ("first_hitting", None, {}),
+    ("confidence", 6, {}), ("threshold", None, {"threshold": 0.8})])
+def test_revealed_tokens_never_change_and_prompts_are_clamped(language, method, num_steps, kwargs):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[3].set(2).at[LENGTH - 1].set(4)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[3].set(True).at[LENGTH - 1].set(True)
-  states = _recorded_states(language, method, num_steps, prompt, prompt_mask)
+  states = _recorded_states(language, method, num_steps, prompt, prompt_mask, **kwargs)
   assert len(states) >= 2
   for before, after in zip(states, states[1:]):
     revealed = before != MASK_ID
@@ -144,6 +146,62 @@ def test_revealed_tokens_never_change_and_prompts_are_clamped(language, method, 
   assert not np.any(final == MASK_ID)
   np.testing.assert_array_equal(final[:, 3], 2)
   np.testing.assert_array_equal(final[:, LENGTH - 1], 4)
+
+
+def _exact_law_gap(language, tokens):
+  nll = -np.asarray(language.log_prob(tokens), np.float64)
+  return nll.mean() - language.entropy(LENGTH), nll.std(ddof=1) / np.sqrt(nll.size)
+
+
+@pytest.mark.parametrize("num_steps", [4, 64])
+def test_jump_draws_the_ancestral_law_with_fewer_calls(language, num_steps):
+  """Same T, same law: the exact-law excess and the bigram counts agree (two-sample tests);
+  at T = 4 both are far from the chain (the factorization error), which makes the test sharp."""
+  ancestral, ancestral_nfe = _samples(language, "ancestral", num_steps)
+  jump, jump_nfe = _samples(language, "jump", num_steps, seed=2)
+  (gap_a, se_a), (gap_j, se_j) = _exact_law_gap(language, ancestral), _exact_law_gap(language, jump)
+  assert abs(gap_a - gap_j) < 4 * np.hypot(se_a, se_j), (gap_a, gap_j)
+  counts = np.zeros((2, VOCAB * VOCAB))
+  for row, tokens in enumerate((ancestral, jump)):
+    np.add.at(counts[row], tokens[:, :-1].ravel() * VOCAB + tokens[:, 1:].ravel(), 1)
+  counts = counts[:, counts.min(0) >= 5]
+  statistic, p_value, _, _ = scipy.stats.chi2_contingency(counts)
+  assert p_value > 1e-4, (statistic, p_value)
+  assert ancestral_nfe == num_steps and jump_nfe <= min(num_steps, LENGTH)
+
+
+def test_jump_costs_at_most_L_calls_at_any_T(language):
+  for num_steps in (1000, 10_000):
+    _, nfe = _samples(language, "jump", num_steps, batch_size=64)
+    assert nfe <= LENGTH
+
+
+def test_threshold_reveals_every_confident_position_and_at_least_one():
+  threshold = 0.7
+  peaked = groundtruth.MarkovLanguage(VOCAB, seed=0, concentration=0.05)  # Confident neighbours.
+  _, info = jax.jit(lambda key: sampling.sample(
+      key, peaked.denoise_fn(MASK_ID), batch_size=64, length=LENGTH,
+      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="threshold",
+      threshold=threshold, record_trajectory=True, trajectory_top_k=1))(jax.random.PRNGKey(4))
+  nfe = int(info["nfe"])
+  states = np.asarray(info["trajectory"]["tokens"])
+  top = np.asarray(info["trajectory"]["top_probs"])[..., 0]
+  assert nfe <= LENGTH
+  sequence_calls = 0
+  for call in range(nfe):
+    before, after = states[call], states[call + 1]
+    masked = before == MASK_ID
+    revealed = masked & (after != MASK_ID)
+    assert np.all(revealed[masked & (top[call] >= threshold)])  # Every confident one.
+    active = masked.any(-1)
+    sequence_calls += active.sum()
+    assert np.all(revealed.sum(-1)[active] >= 1)  # At least one per sequence.
+    # Below the threshold, only a sequence's single most confident mask, when none is above.
+    below = revealed & (top[call] < threshold)
+    assert np.all(below.sum(-1) <= 1)
+    assert not np.any(below & (masked & (top[call] >= threshold)).any(-1, keepdims=True))
+  assert not np.any(states[nfe] == MASK_ID)
+  assert 64 * LENGTH / sequence_calls > 1.5  # Parallel: tokens revealed per sequence and call.
 
 
 def test_first_hitting_makes_one_call_per_masked_position(language):
@@ -163,6 +221,9 @@ def test_bad_arguments_raise(language):
     sampling.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
   with pytest.raises(ValueError, match="time grid"):
     sampling.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
+  for method, threshold in (("threshold", None), ("threshold", 1.5), ("ancestral", 0.9)):
+    with pytest.raises(ValueError, match=r"needs a threshold in \(0, 1\]"):
+      sampling.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
 
 
 @pytest.mark.parametrize("method,num_steps", [("ancestral", 6), ("first_hitting", None)])
@@ -195,7 +256,7 @@ def test_semi_autoregressive_generation_samples_the_long_chain(language):
   """An order-1 chain is exactly continued by any clamped prefix, so block-wise
   first-hitting generation of 30 tokens with a 12-token context is exact."""
   total, context, block = 30, LENGTH, 6
-  tokens, info = sampling.generate_semi_autoregressive(
+  tokens, info = blockwise.generate_semi_autoregressive(
       jax.random.PRNGKey(4), language.denoise_fn(MASK_ID), batch_size=3000, total_length=total,
       context_length=context, block_length=block, schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID, method="first_hitting")
@@ -215,7 +276,7 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
     return oracle(z, alpha).at[..., eos].add(5.0)
 
   prompt = jnp.asarray([1, 0, 1], jnp.int32)
-  tokens, info = sampling.generate_semi_autoregressive(
+  tokens, info = blockwise.generate_semi_autoregressive(
       jax.random.PRNGKey(0), eos_loving, batch_size=4, total_length=40, context_length=8,
       block_length=4, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, prompt=prompt,
       eos_id=eos, method="ancestral", num_steps=8)
@@ -228,11 +289,12 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
     assert row[length - 1] == eos and eos not in row[3:length - 1]
     np.testing.assert_array_equal(row[length:], eos)
   with pytest.raises(ValueError, match="block_length"):
-    sampling.generate_semi_autoregressive(
+    blockwise.generate_semi_autoregressive(
         jax.random.PRNGKey(0), oracle, batch_size=1, total_length=20, context_length=8,
         block_length=9, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=4)
 
 
+@pytest.mark.slow
 def test_cosine_time_grid_samples_the_chain_exactly(language):
   """The cosine grid puts more steps near t = 0 and, with many steps, is still exact."""
   grid = np.asarray(sampling.time_grid(8, "cosine"))

@@ -4,6 +4,7 @@ import math
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -90,3 +91,25 @@ def test_loss_starts_near_uniform(name):
   config.training.estimator = "mask_count"
   _, [metrics] = first_steps(config, jax.devices()[:1])
   assert abs(metrics["loss"] - math.log(config.data.vocab_size)) < 0.05, metrics["loss"]
+
+
+def test_ema_warm_up_forgets_the_random_init():
+  """The init's share of the EMA after n updates is Π decay_k = 9! n! / (n + 9)! while the
+  warm-up rate is below the configured decay; a fixed 0.999 would still hold 0.999^n."""
+  decay = 0.999
+  init_weight = 1.0
+  for n in range(1, 1001):
+    init_weight *= float(train.ema_decay_at(jnp.int32(n - 1), decay))
+    if n in (10, 100, 1000):
+      assert init_weight == pytest.approx(math.factorial(9) * math.factorial(n) / math.factorial(n + 9), rel=1e-3)
+  assert init_weight < 1e-20 < 0.999 ** 1000  # vs 37% without the warm-up.
+  assert float(train.ema_decay_at(jnp.int32(10 ** 6), decay)) == pytest.approx(decay)  # Capped.
+  # In a train step: EMA_1 = 0.1 · init + 0.9 · params_1.
+  config = load_config("tiny", data=1)
+  mesh = sharding.make_mesh(config, jax.devices()[:1])
+  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
+  init = state_lib.init_state(config, model, optimizer, mesh)
+  init_params = jax.device_get(init.params)
+  state, _ = first_steps(config, jax.devices()[:1])
+  expected = jax.tree.map(lambda i, p: 0.1 * i + 0.9 * p, init_params, jax.device_get(state.params))
+  chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, rtol=1e-5, atol=1e-7)
