@@ -38,7 +38,7 @@ class Restored:
   step: int
   state: Any
   data_state: dict  # The data iterator's state.
-  loop_state: dict  # The training loop's metrics since its last log (empty for older checkpoints).
+  loop_state: dict  # {"window": the training loop's metrics since its last log ([] for older checkpoints)}.
 
 
 def make_manager(workdir, max_to_keep: int) -> ocp.CheckpointManager:
@@ -163,7 +163,8 @@ def _restore_step(manager, step: int, abstract_state) -> Restored:
   state = restored["state"]
   # A truncated array file can restore without an error but with missing chunks: check shapes.
   jax.tree.map(lambda x, a: _check_shape(x, a, step), state, abstract_state)
-  return Restored(step, state, restored["data"], restored["loop"] if has_loop else {})
+  loop_state = {"window": [], **(restored["loop"] if has_loop else {})}  # Older checkpoints: no window.
+  return Restored(step, state, restored["data"], loop_state)
 
 
 def _check_shape(value, abstract, step):

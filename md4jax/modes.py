@@ -59,7 +59,7 @@ class Run:
     self.iterator = self.source.train_iterator()
     restored = checkpoint.restore(self.manager, self.abstract_state)
     self.restored_step: Optional[int] = None
-    self.loop_state: dict = {}
+    self.loop_state: dict = {"window": []}
     if restored is None:
       self.state = state_lib.init_state(config, self.model, self.optimizer, self.mesh)
     else:
@@ -172,7 +172,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
     with preemption.StopSignals() as stop:
       run.state, stopped = train.train_loop(
           config, run.state, step_fn, run.iterator, run.mesh, run.manager, writer,
-          last_checkpoint=run.restored_step, window=run.loop_state.get("window", []), stop=stop,
+          last_checkpoint=run.restored_step, window=run.loop_state["window"], stop=stop,
           evaluate_fn=evaluate_now)
     if stopped:
       step = int(sharding.to_host(run.state.step))

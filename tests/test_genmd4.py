@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax import (categorical, config_lib, data, diffusion, genmd4, groundtruth, masking, objective,
-                    sampling, schedules, sharding, train)
-from md4jax import state as state_lib
+from md4jax import (categorical, config_lib, diffusion, genmd4, groundtruth, masking, objective,
+                    sampling, schedules)
+import test_train  # pylint: disable=g-bad-import-order  (tests/ is on sys.path under pytest)
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -262,16 +262,7 @@ def _learned_config(**diffusion):
 
 
 def _steps(config, num_steps=3):
-  mesh = sharding.make_mesh(config, jax.devices()[:1])
-  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  state = state_lib.init_state(config, model, optimizer, mesh)
-  step_fn = train.make_train_step(config, model, optimizer, mesh, state)
-  iterator = data.make_source(config).train_iterator()
-  history = []
-  for _ in range(num_steps):
-    state, metrics = step_fn(state, sharding.device_batch(next(iterator), mesh))
-    history.append(jax.device_get(metrics))
-  return state, history
+  return test_train.first_steps(config, jax.devices()[:1], num_steps)
 
 
 def test_learned_schedule_trains_its_exponents_and_reports_the_nelbo():
