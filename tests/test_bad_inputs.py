@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from md4jax import checkpoint
-from md4jax import config_lib
+from test_recovery import tiny  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
 from md4jax import modes
 from md4jax import workdir as workdir_lib
 
@@ -23,16 +23,6 @@ USER_ERRORS = (ValueError, FileNotFoundError, workdir_lib.WorkdirError, checkpoi
 ALPHABET = "abcdefgh "  # The local corpus's characters: a char tokenizer of 9 symbols and EOS.
 
 
-def tiny(**overrides):
-  config = config_lib.load_config("tiny")
-  config.sample.num_samples = 0
-  for key, value in overrides.items():
-    *parents, leaf = key.split("__")
-    target = config
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
 
 
 def snapshot(root) -> dict:

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 
 from md4jax import (categorical, config_lib, diffusion, genmd4, groundtruth, masking, objective,
                     sampling, schedules)
+import test_sampling  # pylint: disable=g-bad-import-order
 import test_train  # pylint: disable=g-bad-import-order  (tests/ is on sys.path under pytest)
 
 VOCAB = 6
@@ -204,13 +204,7 @@ def test_sampler_with_many_steps_draws_the_chain(language, schedule):
   nll = -np.asarray(language.log_prob(tokens), np.float64)
   gap, se = nll.mean() - language.entropy(LENGTH), nll.std(ddof=1) / np.sqrt(nll.size)
   assert abs(gap) < 4 * se, (gap, se)
-  previous, current = tokens[:, :-1].ravel(), tokens[:, 1:].ravel()
-  counts = np.zeros((VOCAB, VOCAB))
-  np.add.at(counts, (previous, current), 1)
-  expected = counts.sum(1, keepdims=True) * language.transition
-  keep = expected >= 5
-  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
-  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, keep.sum() - VOCAB), statistic
+  test_sampling.assert_bigrams_follow_the_chain(language, tokens)
   few, _ = _samples(language, schedule, 4)
   few_nll = -np.asarray(language.log_prob(few), np.float64)
   assert few_nll.mean() - language.entropy(LENGTH) > 10 * few_nll.std(ddof=1) / np.sqrt(few_nll.size)

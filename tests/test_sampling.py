@@ -31,6 +31,18 @@ def _samples(language, method, num_steps, schedule_name="linear", batch_size=NUM
   return np.asarray(tokens), int(info["nfe"])
 
 
+def assert_bigrams_follow_the_chain(language, tokens):
+  """Bigram counts (all positions pooled) against the exact transitions: χ², p = 1e-4."""
+  vocab = language.vocab_size
+  counts = np.zeros((vocab, vocab))
+  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
+  expected = counts.sum(1, keepdims=True) * language.transition
+  keep = expected >= 5
+  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
+  dof = keep.sum() - vocab
+  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, dof), (statistic, dof)
+
+
 def _log_prob_gap(language, tokens):
   """(mean −log p(sample) − H, its SE): 0 in expectation for exact samples."""
   nll = -np.asarray(language.log_prob(tokens), np.float64)
@@ -45,15 +57,7 @@ def test_exact_samplers_draw_the_true_distribution(language, method, num_steps):
   assert not np.any(tokens == MASK_ID)
   gap, se = _log_prob_gap(language, tokens)
   assert abs(gap) < 4 * se, (gap, se)
-  # Bigram counts (all positions pooled) against the exact transitions: χ², p = 1e-4.
-  previous, current = tokens[:, :-1].ravel(), tokens[:, 1:].ravel()
-  counts = np.zeros((VOCAB, VOCAB))
-  np.add.at(counts, (previous, current), 1)
-  expected = counts.sum(1, keepdims=True) * language.transition
-  keep = expected >= 5
-  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
-  dof = keep.sum() - VOCAB
-  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, dof), (statistic, dof)
+  assert_bigrams_follow_the_chain(language, tokens)
   # First-position frequencies against the stationary start.
   first = np.bincount(tokens[:, 0], minlength=VOCAB)
   expected_first = language.initial * tokens.shape[0]
