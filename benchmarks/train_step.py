@@ -1,13 +1,22 @@
 r"""Times the jitted train step of a named model size and prints one JSON object.
 
   python benchmarks/train_step.py --size=default
-  python benchmarks/train_step.py --size=text8 --batch_size=2
+  python benchmarks/train_step.py --size=4x256 --profile
 
-Sizes are the configs of the same name (configs/tiny.py, default.py, text8.py);
-text8 runs at a CPU-sized batch unless --batch_size says otherwise. The step
-is compiled once, then timed over --steps steps on random tokens. The same run
-times a 2048x2048 float32 matmul, so the achieved GFLOP/s reads as a fraction
-of what this machine's matmul reaches.
+Sizes are the configs of the same name (configs/tiny.py, default.py, text8.py;
+text8 at a CPU-sized batch unless --batch_size says otherwise) and three
+text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
+4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256). The step is
+compiled once, then timed over --steps steps on random tokens, best of
+--rounds. The same run times a 2048x2048 float32 matmul, so the achieved
+GFLOP/s reads as a fraction of what this machine's matmul reaches.
+
+--profile adds where the time goes, each part compiled on its own and timed in
+alternating rounds with the step: the network's forward pass (one sampler call
+at the training batch), forward + backward of the loss, the optimizer with the
+EMA, the step with jax.nn.dot_product_attention in place of md4jax's einsum
+softmax, the step with the segment mask built (what a packed batch costs), and
+the step without RoPE (a diagnostic: not the same model).
 """
 
 import json
@@ -18,21 +27,49 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from md4jax import config_lib
 from md4jax import data
 from md4jax import model as model_lib
+from md4jax import objective
 from md4jax import sharding
 from md4jax import state as state_lib
 from md4jax import train
 
-_SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Model size (config name).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the config's (text8: 2).")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (after one compile step).")
+# name: (config, batch, seq_len, layers, width, heads, mlp); None keeps the config's value.
+SIZES = {
+    "tiny": ("tiny", None, None, None, None, None, None),
+    "default": ("default", None, None, None, None, None, None),
+    "text8": ("text8", 2, None, None, None, None, None),
+    "4x256": ("text8", 16, 128, 4, 256, 4, 704),
+    "6x384": ("text8", 16, 256, 6, 384, 6, 1024),
+    "12x768": ("text8", 16, 256, 12, 768, 12, 2048),
+}
 
-_CPU_TEXT8_BATCH = 2
+_SIZE = flags.DEFINE_enum("size", "default", list(SIZES), "Model size.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the size's.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round (after one compile step).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
+
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
                  "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
+
+
+def benchmark_config(size: str, batch_size=None):
+  """The config of a named size, on CPU-friendly float32 without scan or remat."""
+  name, batch, seq_len, layers, width, heads, mlp = SIZES[size]
+  config = config_lib.load_config(name)
+  for key, value in (("batch_size", batch_size or batch), ("data.seq_len", seq_len),
+                     ("model.num_layers", layers), ("model.model_dim", width),
+                     ("model.num_heads", heads), ("model.mlp_dim", mlp)):
+    if value is not None:
+      section, _, field = key.rpartition(".")
+      (config[section] if section else config)[field] = value
+  if name == "text8":  # The paper config's accelerator settings do not help a CPU.
+    config.model.dtype, config.model.scan_layers, config.model.remat = "float32", False, "none"
+  return config
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
@@ -47,50 +84,131 @@ def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
+class _Patched:
+  """Replaces module attributes while a variant is traced and compiled."""
+
+  def __init__(self, **replacements):
+    self.replacements, self.saved = replacements, {}
+
+  def __enter__(self):
+    for name, value in self.replacements.items():
+      self.saved[name] = getattr(model_lib, name)
+      setattr(model_lib, name, value)
+
+  def __exit__(self, *exc):
+    for name, value in self.saved.items():
+      setattr(model_lib, name, value)
+
+
+def _parts(config, model, optimizer, mesh, state, batch):
+  """{name: (compiled fn, args)} for the profile; each fn returns what it computes."""
+  key = jax.random.key(0)
+  rows = jnp.arange(config.batch_size)
+  dense = dict(batch, segment_ids=None, positions=None)  # What the model sees without packing.
+
+  def loss_grads(params, batch):
+    total = lambda p: objective.training_loss(p, batch, key, model=model, config=config,
+                                              row_index=rows, num_rows=config.batch_size)[0].sum()
+    return jax.value_and_grad(total)(params)
+
+  def forward(params, tokens):
+    return model.apply({"params": params}, tokens, None, None, None)
+
+  def optimizer_ema(state, grads):
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema = jax.tree.map(lambda e, p: 0.999 * e + 0.001 * p, state.ema_params, params)
+    return params, opt_state, ema
+
+  def step(state, batch):
+    with sharding.activation_rules(mesh):
+      return train.train_step(state, batch, model=model, optimizer=optimizer, config=config)
+
+  def compiled(fn, *args, **patches):
+    with _Patched(**patches):
+      return jax.jit(fn).lower(*args).compile(), args
+
+  grads = jax.tree.map(jnp.zeros_like, state.params)
+  jax_attention = lambda q, k, v, mask, causal: jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=causal)
+  no_rope = lambda x, positions, base=0.0: x
+  return {
+      "step": compiled(step, state, dense),
+      "forward": compiled(forward, state.params, batch["tokens"]),
+      "loss_forward_backward": compiled(loss_grads, state.params, dense),
+      "optimizer_and_ema": compiled(optimizer_ema, state, grads),
+      "step_jax_nn_attention": compiled(step, state, dense, softmax_attention=jax_attention),
+      "step_segment_mask": compiled(step, state, batch),
+      "step_without_rope": compiled(step, state, dense, apply_rope=no_rope),
+  }
+
+
+def _best_seconds(fn, args, steps):
+  start = time.perf_counter()
+  for _ in range(steps):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / steps
+
+
 def main(argv):
   del argv
-  config = config_lib.load_config(_SIZE.value)
-  if _BATCH_SIZE.value is not None or _SIZE.value == "text8":
-    config.batch_size = _BATCH_SIZE.value or _CPU_TEXT8_BATCH
+  config = benchmark_config(_SIZE.value, _BATCH_SIZE.value)
   mesh = sharding.make_mesh(config)
   config_lib.validate_config(config, mesh.devices.size, mesh.devices.flat[0].platform)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
-  step_fn = train.make_train_step(config, model, optimizer, mesh, state)
   shape = (config.batch_size, config.data.seq_len)
   batches = [sharding.device_batch(data.dense_batch(np.random.default_rng(i).integers(
       0, config.data.vocab_size, shape, dtype=np.int32)), mesh) for i in range(2)]
+  parts = {}
+  if _PROFILE.value:  # On a copy: the train step donates (deletes) the state it is given.
+    parts = _parts(config, model, optimizer, mesh, jax.tree.map(jnp.copy, state), batches[0])
+  step_fn = train.make_train_step(config, model, optimizer, mesh, state)
   start = time.perf_counter()
   state, metrics = step_fn(state, batches[0])
   jax.block_until_ready(metrics)
   compile_seconds = time.perf_counter() - start
-  start = time.perf_counter()
-  for i in range(_STEPS.value):
-    state, metrics = step_fn(state, batches[i % 2])
-  jax.block_until_ready((state, metrics))
-  seconds = time.perf_counter() - start
+
+  step_seconds, part_seconds = [], {name: [] for name in parts}
+  for _ in range(_ROUNDS.value):  # Alternating rounds: load changes hit every part alike.
+    start = time.perf_counter()
+    for i in range(_STEPS.value):
+      state, metrics = step_fn(state, batches[i % 2])
+    jax.block_until_ready((state, metrics))
+    step_seconds.append((time.perf_counter() - start) / _STEPS.value)
+    for name, (fn, args) in parts.items():
+      part_seconds[name].append(_best_seconds(fn, args, _STEPS.value))
+  seconds = min(step_seconds)
 
   m = config.model
-  tokens = _STEPS.value * config.batch_size * config.data.seq_len
+  tokens = config.batch_size * config.data.seq_len
   flops = 3 * model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, config.data.seq_len,
                                         config.data.vocab_size) * tokens
   achieved, peak = flops / seconds / 1e9, matmul_gflops()
-  print(json.dumps({
+  result = {
       "size": _SIZE.value,
       "model_type": m.type,
       "params": model_lib.count_params(state.params),
+      "num_layers": m.num_layers, "model_dim": m.model_dim, "num_heads": m.num_heads,
+      "mlp_dim": m.mlp_dim, "vocab_size": config.data.vocab_size,
       "batch_size": config.batch_size,
       "seq_len": config.data.seq_len,
       "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
       "compile_seconds": round(compile_seconds, 2),
-      "timed_steps": _STEPS.value,
-      "seconds_per_step": seconds / _STEPS.value,
+      "timed_steps": _STEPS.value * _ROUNDS.value,
+      "seconds_per_step": seconds,
       "tokens_per_second": tokens / seconds,
       "achieved_gflops_per_second": achieved,
       "flop_formula": _FLOP_FORMULA,
       "matmul_f32_2048_gflops_per_second": peak,
       "achieved_over_matmul": achieved / peak,
-  }, indent=2))
+  }
+  if parts:
+    result["profile_seconds"] = {name: min(times) for name, times in part_seconds.items()}
+    result["profile_share_of_step"] = {name: min(times) / seconds
+                                       for name, times in part_seconds.items()}
+  print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -90,6 +90,24 @@ def segment_attention_mask(segment_ids):
   return ((same & real) | own)[:, None]
 
 
+def softmax_attention(q, k, v, mask=None, causal: bool = False):
+  """q, k, v [B, L, H, Dh]; mask [B, 1, L, L] bool (True = may attend) or None -> [B, L, H, Dh].
+
+  Plain einsum-softmax attention: the same math as jax.nn.dot_product_attention,
+  which on CPU lowers to a slower graph (issue 14). Scores and softmax are float32.
+  """
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
+                      preferred_element_type=jnp.float32)
+  allowed = mask
+  if causal:
+    lower = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    allowed = lower if allowed is None else allowed & lower
+  if allowed is not None:
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
 def splash_block_size(length: int) -> int:
   """The splash kernel's tile along the sequence: the largest of 512, 256, 128 dividing it."""
   for block in (512, 256, 128):
@@ -183,12 +201,14 @@ class Attention(nn.Module):
       positions = jnp.arange(x.shape[1])
     q = apply_rope(q, positions, self.rope_base)
     k = apply_rope(k, positions, self.rope_base)
+    # With a mask and causal both, attention is allowed where the mask is True and causality holds.
     if self.implementation == "splash":
       out = splash_attention(q, k, v, segment_ids, self.causal)
-    else:
-      # With both, attention is allowed where the mask is True and causality holds.
+    elif self.implementation == "cudnn":
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal,
-                                         implementation=self.implementation)
+                                         implementation="cudnn")
+    else:
+      out = softmax_attention(q, k, v, mask, self.causal)
     out = _constrain(out, _HEADS)
     return _Einsum("blhk,hkd->bld", (self.num_heads, head_dim, model_dim),
                    ("heads", "head_dim", "embed"), self.out_std, self.dtype, name="out")(out)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token,
-                          segment_attention_mask, splash_attention, splash_block_size)
+                          segment_attention_mask, softmax_attention, splash_attention,
+                          splash_block_size)
 
 V, B, L = 11, 2, 8
 
@@ -285,6 +286,21 @@ def test_splash_attention_matches_xla_attention(causal):
   out = splash_attention(q, k, v, segments, causal, interpret=True)
   real = np.asarray(segments != 0)
   np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_softmax_attention_equals_jax_dot_product_attention(causal, packed):
+  # The "xla" path is a plain einsum softmax (faster on CPU): the same math as jax.nn's.
+  q, k, v = jax.random.normal(jax.random.key(1), (3, 2, 24, 3, 8), jnp.float32)
+  segments = jnp.asarray([[1] * 10 + [2] * 10 + [0] * 4, [1] * 24], jnp.int32)
+  mask = segment_attention_mask(segments) if packed else None
+  expected = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+  out = softmax_attention(q, k, v, mask, causal)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-6)
+  bf16 = softmax_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask, causal)
+  assert bf16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(bf16, np.float32), np.asarray(expected), atol=0.05)
 
 
 def test_splash_needs_a_length_divisible_by_128():
