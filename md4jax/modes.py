@@ -12,6 +12,7 @@ which nothing else writes, so it may run beside training without the lock.
 
 import contextlib
 import json
+import time
 from typing import Iterator, Optional
 
 import jax
@@ -157,6 +158,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
 
   A SIGTERM or Ctrl-C stops after the step in flight with a checkpoint of it: returns None.
   """
+  started = time.perf_counter()
   with _session(config, workdir, "train", restored=False) as (run, writer):
     writer.drop_records_after(run.restored_step or 0)
     if run.restored_step is not None:
@@ -169,6 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
       run.state = state
       run.evaluate(writer, final=False)
 
+    setup_done = time.perf_counter()
     with preemption.StopSignals() as stop:
       run.state, stopped = train.train_loop(
           config, run.state, step_fn, run.iterator, run.mesh, run.manager, writer,
@@ -179,9 +182,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
       print(f"Stopped after step {step} ({stop.received or 'a SIGTERM to one of the processes'}): its "
             f"checkpoint is saved in {run.workdir.checkpoints}. Rerun the same command to resume.")
       return None
+    trained = time.perf_counter()
     results = run.evaluate(writer)
+    evaluated = time.perf_counter()
     records = run.sample(writer)
   print(evaluate.summary(results))
+  # Where the wall time went: the loop's first step includes its compilation (printed above).
+  print(f"Wall time {time.perf_counter() - started:.0f}s: setup {setup_done - started:.1f}s, "
+        f"training {trained - setup_done:.1f}s, final evaluation {evaluated - trained:.1f}s, "
+        f"sampling {time.perf_counter() - evaluated:.1f}s.")
   for record in records[:2]:
     print("sample:", record["text"])
   if records and "true_bits_per_token" in records[0]:

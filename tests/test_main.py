@@ -4,6 +4,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,10 @@ def test_train_eval_sample(tmp_path):
                    "--config.checkpoint_every_steps=5")
   assert "tokens/s" in result.stdout and "ETA" in result.stdout
   assert "exact entropy" in result.stdout and "gap" in result.stdout
+  split = re.search(r"Wall time (\d+)s: setup ([\d.]+)s, training ([\d.]+)s, final evaluation "
+                    r"([\d.]+)s, sampling ([\d.]+)s", result.stdout)
+  assert split, result.stdout[-2000:]
+  assert abs(float(split[1]) - sum(map(float, split.groups()[1:]))) <= 2  # The parts add up.
   assert json.loads((tmp_path / "config.json").read_text())["num_train_steps"] == 10
   records = read_jsonl(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in records] == [5, 10]
