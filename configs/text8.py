@@ -10,7 +10,9 @@ Check that it fits a TPU slice on any CPU machine (pip install -e ".[tpu]"):
 
 data.path is the text8 corpus (`text8` or `text8.zip`, split 90M/5M/5M) or any text8-format
 file (a-z and single spaces, split 90/5/5 by position). `configs/text8.py:cpu` is a
-CPU-sized variant (about 1.8M parameters) that learns in minutes:
+CPU-sized variant (about 1.8M parameters) that trains, evaluates and samples in under
+20 minutes on 2 CPU cores (measured: 19.4 min; 3.33 ± 0.02 bits/char on the held-out 5%
+of the shared dev file after 750 steps):
 
   python -m md4jax.main --config=configs/text8.py:cpu --workdir=/tmp/md4jax_text8_cpu \
       --config.data.path=../shared/data/wiki_text8_dev.txt
@@ -62,11 +64,14 @@ def get_config(variant: str = ""):
   config.sample.num_samples = 8
   config.sample.num_steps = 256
   if variant == "cpu":
+    # Tuned to learn in under 20 minutes of wall time on 2 CPU cores (issue 13): the model
+    # choices that won the ablation (RMSNorm, SwiGLU, normal output init, no time input)
+    # and an evaluation trimmed to what a CPU can afford.
     config.batch_size = 16  # Two cores: small steps.
-    config.num_train_steps = 1000  # About 4M characters: minutes on a laptop; samples show word shapes.
+    config.num_train_steps = 750  # About 3.1M characters.
     config.log_every_steps = 50
-    config.eval_every_steps = 1000
-    config.checkpoint_every_steps = 500
+    config.eval_every_steps = 750  # Once, at the end.
+    config.checkpoint_every_steps = 250
     config.model.num_layers = 4
     config.model.model_dim = 192
     config.model.num_heads = 3
@@ -79,6 +84,10 @@ def get_config(variant: str = ""):
     config.optimizer.ema_decay = 0.999
     config.training.max_checkpoints_to_keep = 3
     config.eval.num_sequences = 256
-    config.eval.batch_size = 16
-    config.sample.num_samples = 4
+    config.eval.batch_size = 32
+    config.eval.discrete_steps = ""  # Each T costs as much as the NELBO itself; skipped on a CPU.
+    config.eval.profile_bins = 10  # Half the default: one forward pass per bin and sequence.
+    config.sample.num_samples = 16
+    config.sample.num_steps = 256
+    config.sample.method = "jump"  # Exactly ancestral's law with 256 steps, in at most 256 calls.
   return config
