@@ -19,8 +19,10 @@ softmax, the step with the segment mask built (what a packed batch costs), and
 the step without RoPE (a diagnostic: not the same model).
 """
 
+import contextlib
 import json
 import time
+from unittest import mock
 
 from absl import app
 from absl import flags
@@ -84,22 +86,6 @@ def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-class _Patched:
-  """Replaces module attributes while a variant is traced and compiled."""
-
-  def __init__(self, **replacements):
-    self.replacements, self.saved = replacements, {}
-
-  def __enter__(self):
-    for name, value in self.replacements.items():
-      self.saved[name] = getattr(model_lib, name)
-      setattr(model_lib, name, value)
-
-  def __exit__(self, *exc):
-    for name, value in self.saved.items():
-      setattr(model_lib, name, value)
-
-
 def _parts(config, model, optimizer, mesh, state, batch):
   """{name: (compiled fn, args)} for the profile; each fn returns what it computes."""
   key = jax.random.key(0)
@@ -117,7 +103,8 @@ def _parts(config, model, optimizer, mesh, state, batch):
   def optimizer_ema(state, grads):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = jax.tree.map(lambda e, p: 0.999 * e + 0.001 * p, state.ema_params, params)
+    decay = train.ema_decay_at(state.step, config.optimizer.ema_decay)
+    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
     return params, opt_state, ema
 
   def step(state, batch):
@@ -125,7 +112,8 @@ def _parts(config, model, optimizer, mesh, state, batch):
       return train.train_step(state, batch, model=model, optimizer=optimizer, config=config)
 
   def compiled(fn, *args, **patches):
-    with _Patched(**patches):
+    # The replacements hold only while tracing and compiling.
+    with mock.patch.multiple(model_lib, **patches) if patches else contextlib.nullcontext():
       return jax.jit(fn).lower(*args).compile(), args
 
   grads = jax.tree.map(jnp.zeros_like, state.params)
