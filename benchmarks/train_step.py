@@ -1,7 +1,7 @@
 r"""Times the jitted train step of a named model size and prints one JSON object.
 
   python benchmarks/train_step.py --size=default
-  python benchmarks/train_step.py --size=4x256 --profile
+  python benchmarks/train_step.py --size=4x256 --profile --trace
 
 Sizes are the configs of the same name (configs/tiny.py, default.py, text8.py;
 text8 at a CPU-sized batch unless --batch_size says otherwise) and three
@@ -17,10 +17,21 @@ at the training batch), forward + backward of the loss, the optimizer with the
 EMA, the step with jax.nn.dot_product_attention in place of md4jax's einsum
 softmax, the step with the segment mask built (what a packed batch costs), and
 the step without RoPE (a diagnostic: not the same model).
+
+--trace adds the step's XLA ops from a jax.profiler trace, summed by what they
+compute (classified from the compiled HLO): weight matmuls, attention matmuls,
+layout copies and transposes, RoPE, exp (softmax, sigmoid, loss), other
+elementwise and the rest, with each kind's share of their sum. An op's time is
+its wall time on the thread that ran it, so the sum exceeds the step where ops
+overlap on the two threads, and falls short of it by the gaps between ops.
 """
 
+import collections
 import contextlib
+import glob
 import json
+import re
+import tempfile
 import time
 from unittest import mock
 
@@ -54,6 +65,7 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: t
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round (after one compile step).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
+_TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
 
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
                  "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
@@ -131,6 +143,64 @@ def _parts(config, model, optimizer, mesh, state, batch):
   }
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*)$")
+
+
+def op_kinds(hlo_text: str) -> dict[str, str]:
+  """{instruction name: kind} for the entry computation's ops of a compiled HLO module."""
+  bodies, current, ops = {}, None, {}
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if header:
+      current = bodies.setdefault(header.group(2), [])
+      continue
+    match = _INSTRUCTION.match(line)
+    if match and current is not None:
+      current.append((match.group(3), match.group(2)))
+      ops[match.group(1)] = (match.group(3), match.group(2), line)
+
+  def kind(op, shape, line):
+    called = re.search(r"calls=%?([\w.\-]+)", line)
+    inner = bodies.get(called.group(1), []) if called else []
+    names = {op} | {name for name, _ in inner}
+    dots = [s for name, s in [(op, shape)] + inner if name in ("dot", "convolution")]
+    if dots:  # Attention's q.k and p.v are batched over heads: rank 4 and up.
+      return "attention matmuls" if max(s.count(",") for s in dots) >= 3 else "weight matmuls"
+    if names & {"cosine", "sine"}:
+      return "rope"
+    if names & {"transpose", "copy"}:
+      return "copies and transposes"
+    if names & {"exponential", "logistic", "tanh", "log"}:
+      return "exp (softmax, sigmoid, loss)"
+    if names & {"add", "multiply", "subtract", "divide", "select", "rsqrt", "maximum", "reduce"}:
+      return "other elementwise"
+    return "other"
+
+  return {name: kind(*spec) for name, spec in ops.items()}
+
+
+def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
+  """Seconds per step of the compiled step's XLA ops by kind (op_kinds), from a trace."""
+  kinds = op_kinds(compiled.as_text())
+  state, metrics = compiled(state, batch)  # Warm-up; the step donates its state: rethread it.
+  jax.block_until_ready(metrics)
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    jax.profiler.stop_trace()
+    profile = jax.profiler.ProfileData.from_file(
+        glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+  seconds = collections.Counter()
+  for plane in profile.planes:
+    for line in plane.lines:
+      for event in line.events:
+        if event.name in kinds:
+          seconds[kinds[event.name]] += event.duration_ns / 1e9 / steps
+  return dict(seconds.most_common())
+
+
 def _best_seconds(fn, args, steps):
   start = time.perf_counter()
   for _ in range(steps):
@@ -153,6 +223,10 @@ def main(argv):
   if _PROFILE.value:  # On a copy: the train step donates (deletes) the state it is given.
     parts = _parts(config, model, optimizer, mesh, jax.tree.map(jnp.copy, state), batches[0])
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
+  traced = {}
+  if _TRACE.value:  # Before the timing, on a copy of the state (the step donates it).
+    compiled = step_fn.lower(state, batches[0]).compile()
+    traced = traced_op_seconds(compiled, jax.tree.map(jnp.copy, state), batches[0], _STEPS.value)
   start = time.perf_counter()
   state, metrics = step_fn(state, batches[0])
   jax.block_until_ready(metrics)
@@ -196,6 +270,10 @@ def main(argv):
     result["profile_seconds"] = {name: min(times) for name, times in part_seconds.items()}
     result["profile_share_of_step"] = {name: min(times) / seconds
                                        for name, times in part_seconds.items()}
+  if traced:
+    result["traced_op_seconds_per_step"] = traced
+    total = sum(traced.values())
+    result["traced_op_share"] = {kind: value / total for kind, value in traced.items()}
   print(json.dumps(result, indent=2))
 
 
