@@ -147,7 +147,8 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*)$"
 
 
 def op_kinds(hlo_text: str) -> dict[str, str]:
-  """{instruction name: kind} for the entry computation's ops of a compiled HLO module."""
+  """{instruction name: kind} for every instruction of a compiled HLO module (a trace names the
+  entry computation's; a fusion's kind comes from the ops of the computation it calls)."""
   bodies, current, ops = {}, None, {}
   for line in hlo_text.splitlines():
     header = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
