@@ -88,6 +88,5 @@ def get_config(variant: str = ""):
     config.eval.discrete_steps = ""  # Each T costs as much as the NELBO itself; skipped on a CPU.
     config.eval.profile_bins = 10  # Half the default: one forward pass per bin and sequence.
     config.sample.num_samples = 16
-    config.sample.num_steps = 256
     config.sample.method = "jump"  # Exactly ancestral's law with 256 steps, in at most 256 calls.
   return config
