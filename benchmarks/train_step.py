@@ -8,8 +8,8 @@ text8 at a CPU-sized batch unless --batch_size says otherwise) and three
 text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256). The step is
 compiled once, then timed over --steps steps on random tokens, best of
---rounds. The same run times a 2048x2048 float32 matmul, so the achieved
-GFLOP/s reads as a fraction of what this machine's matmul reaches.
+--rounds. Each round also times a 2048x2048 float32 matmul (best round kept), so the
+achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
 
 --profile adds where the time goes, each part compiled on its own and timed in
 alternating rounds with the step: the network's forward pass (one sampler call
@@ -86,16 +86,12 @@ def benchmark_config(size: str, batch_size=None):
   return config
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
-  """float32 n x n matmul throughput of the default device, GFLOP/s."""
+def matmul_reference(n: int = 2048):
+  """(a jitted float32 n x n matmul, its argument, its FLOPs): this machine's matmul rate."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   matmul = jax.jit(lambda x: x @ a)
   matmul(a).block_until_ready()
-  start = time.perf_counter()
-  for _ in range(repeats):
-    out = matmul(a)
-  out.block_until_ready()
-  return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+  return matmul, (a,), 2 * n**3
 
 
 def _parts(config, model, optimizer, mesh, state, batch):
@@ -202,7 +198,7 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
   return dict(seconds.most_common())
 
 
-def _best_seconds(fn, args, steps):
+def _seconds_per_call(fn, args, steps):
   start = time.perf_counter()
   for _ in range(steps):
     out = fn(*args)
@@ -233,22 +229,24 @@ def main(argv):
   if _TRACE.value:  # On a copy of the state: the step donates the state it is given.
     traced = traced_op_seconds(step_fn, jax.tree.map(jnp.copy, state), batches[0], _STEPS.value)
 
-  step_seconds, part_seconds = [], {name: [] for name in parts}
+  matmul, matmul_args, matmul_flops = matmul_reference()
+  step_seconds, matmul_seconds, part_seconds = [], [], {name: [] for name in parts}
   for _ in range(_ROUNDS.value):  # Alternating rounds: load changes hit every part alike.
     start = time.perf_counter()
     for i in range(_STEPS.value):
       state, metrics = step_fn(state, batches[i % 2])
     jax.block_until_ready((state, metrics))
     step_seconds.append((time.perf_counter() - start) / _STEPS.value)
+    matmul_seconds.append(_seconds_per_call(matmul, matmul_args, 10))
     for name, (fn, args) in parts.items():
-      part_seconds[name].append(_best_seconds(fn, args, _STEPS.value))
+      part_seconds[name].append(_seconds_per_call(fn, args, _STEPS.value))
   seconds = min(step_seconds)
 
   m = config.model
   tokens = config.batch_size * config.data.seq_len
   flops = 3 * model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, config.data.seq_len,
                                         config.data.vocab_size) * tokens
-  achieved, peak = flops / seconds / 1e9, matmul_gflops()
+  achieved, peak = flops / seconds / 1e9, matmul_flops / min(matmul_seconds) / 1e9
   result = {
       "size": _SIZE.value,
       "model_type": m.type,
