@@ -19,6 +19,7 @@ from absl import app
 from absl import flags
 import jax
 
+from md4jax import allocator
 from md4jax import config_lib
 from md4jax import sampling
 from md4jax import schedules
@@ -32,11 +33,17 @@ _STEPS = flags.DEFINE_list("steps", ["16", "64", "256"], "Step counts of the gri
 _METHODS = flags.DEFINE_list("methods", list(sampling.METHODS), "Sampling methods to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per configuration (after one compile run).")
 _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "The threshold of method 'threshold'.")
+_REUSE_MEMORY = flags.DEFINE_bool(
+    "reuse_freed_host_memory", None,
+    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.allocator); "
+    "default: the config's reuse_freed_host_memory, as md4jax.main does.")
 
 
 def main(argv):
   del argv
   config = config_lib.load_config(_SIZE.value)
+  reuse = config.reuse_freed_host_memory if _REUSE_MEMORY.value is None else _REUSE_MEMORY.value
+  reused_memory = reuse and allocator.reuse_freed_host_memory()  # Before JAX's threads start.
   length = _LENGTH.value or config.data.seq_len
   model = state_lib.build_model(config)
   mask_id = config.data.vocab_size
@@ -72,6 +79,7 @@ def main(argv):
       "size": _SIZE.value,
       "length": length,
       "batch_size": _BATCH_SIZE.value,
+      "reuse_freed_host_memory": reused_memory,
       "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
       "results": results,
   }, indent=2))

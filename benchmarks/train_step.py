@@ -10,6 +10,8 @@ text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 compiled once, then timed over --steps steps on random tokens, best of
 --rounds. Each round also times a 2048x2048 float32 matmul (best round kept), so the
 achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
+Like md4jax.main, it makes glibc reuse freed memory (md4jax.allocator) when the
+config's reuse_freed_host_memory is set; --[no]reuse_freed_host_memory overrides it.
 
 --profile adds where the time goes, each part compiled on its own and timed in
 alternating rounds with the step: the network's forward pass (one sampler call
@@ -42,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from md4jax import allocator
 from md4jax import config_lib
 from md4jax import data
 from md4jax import model as model_lib
@@ -66,6 +69,10 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round (after one com
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
 _TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
+_REUSE_MEMORY = flags.DEFINE_bool(
+    "reuse_freed_host_memory", None,
+    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.allocator); "
+    "default: the config's reuse_freed_host_memory, as md4jax.main does.")
 
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
                  "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
@@ -209,6 +216,8 @@ def _seconds_per_call(fn, args, steps):
 def main(argv):
   del argv
   config = benchmark_config(_SIZE.value, _BATCH_SIZE.value)
+  reuse = config.reuse_freed_host_memory if _REUSE_MEMORY.value is None else _REUSE_MEMORY.value
+  reused_memory = reuse and allocator.reuse_freed_host_memory()  # Before JAX's threads start.
   mesh = sharding.make_mesh(config)
   config_lib.validate_config(config, mesh.devices.size, mesh.devices.flat[0].platform)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
@@ -255,6 +264,7 @@ def main(argv):
       "mlp_dim": m.mlp_dim, "vocab_size": config.data.vocab_size,
       "batch_size": config.batch_size,
       "seq_len": config.data.seq_len,
+      "reuse_freed_host_memory": reused_memory,
       "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
       "compile_seconds": round(compile_seconds, 2),
       "timed_steps": _STEPS.value * _ROUNDS.value,

@@ -16,6 +16,8 @@ def get_config():
   config.log_every_steps = 100
   config.eval_every_steps = 2000  # Evaluate once, at the end.
   config.checkpoint_every_steps = 500
+  # Its 68 MB of temporaries per step then reuse pages instead of faulting in fresh ones.
+  config.reuse_freed_host_memory = True
   # 32 tokens, Dirichlet(0.3) transitions: 3.60 bits/token of entropy against 5 for uniform.
   config.data.vocab_size = 32
   config.data.seq_len = 64

@@ -23,6 +23,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from md4jax import allocator
 from md4jax import checkpoint
 from md4jax import modes
 from md4jax import workdir as workdir_lib
@@ -75,6 +76,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  if _CONFIG.value.reuse_freed_host_memory:
+    allocator.reuse_freed_host_memory()  # Before JAX starts the threads that allocate.
   _initialize_distributed()
   try:
     _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)

@@ -40,8 +40,9 @@ def read_jsonl(path):
 
 
 def test_train_eval_sample(tmp_path):
+  # With the host allocator setting configs/default.py uses (md4jax.allocator).
   result = run_cli(tmp_path, "--config.num_train_steps=10", "--config.eval_every_steps=5",
-                   "--config.checkpoint_every_steps=5")
+                   "--config.checkpoint_every_steps=5", "--config.reuse_freed_host_memory=True")
   assert "tokens/s" in result.stdout and "ETA" in result.stdout
   assert "exact entropy" in result.stdout and "gap" in result.stdout
   split = re.search(r"Wall time (\d+)s: setup ([\d.]+)s, training ([\d.]+)s, final evaluation "
