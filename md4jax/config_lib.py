@@ -37,8 +37,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 100  # Steps between metrics.jsonl records and progress lines.
   config.eval_every_steps = 1000  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
-  # Faster small CPU models (default: 15% per step, 34% in eval), but fragments memory at
-  # 6 layers/384 and up (resident 2.4 -> 8.4 GB, a slower step): see md4jax.allocator.
+  # Faster CPU steps (default: 15%, eval 34%; 6 layers/384: 11%) for memory: the heap grows by a few
+  # temporaries' worth first (6 layers/384: resident 2.3 -> 6.7 GB): see md4jax.allocator.
   config.reuse_freed_host_memory = False  # CPU, glibc: one malloc arena that never unmaps, so temporaries reuse pages.
 
   config.data = ml_collections.ConfigDict()
