@@ -166,6 +166,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
     if run.is_writer:
       run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
     step_fn = train.make_train_step(config, run.model, run.optimizer, run.mesh, run.abstract_state)
+    axes = ", ".join(f"{name}={size}" for name, size in run.mesh.shape.items())
+    print(f"Training on {run.mesh.devices.size} {run.mesh.devices.flat[0].platform} device(s): {axes}.")
 
     def evaluate_now(state):
       run.state = state
