@@ -14,6 +14,7 @@ import itertools
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -64,6 +65,9 @@ class BatchIterator:
     pass  # Nothing to release: batches are computed on demand.
 
 
+_BATCHES_PER_DRAW = 32
+
+
 class MarkovSource:
   """Sequences of `groundtruth.MarkovLanguage`, whose exact entropy is known.
 
@@ -79,15 +83,25 @@ class MarkovSource:
     self.global_batch_size = config.batch_size
     self.shard_index, self.shard_count = shard
     self._train_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+    self._drawn, self._drawn_from = None, None  # Training batches [k, B, L] from batch _drawn_from on.
     # Evaluation sequences depend on the language only, so runs with different seeds compare.
     self._eval_key = jax.random.fold_in(jax.random.PRNGKey(data.language_seed), 2)
 
   def batch(self, index: int) -> dict:
-    """This process's rows of global batch `index`: the same rows on any process layout."""
-    key = jax.random.fold_in(self._train_key, index)
-    rows = np.asarray(self.language.sample(key, self.global_batch_size, self.seq_len))
+    """This process's rows of global batch `index`: the same rows on any process layout.
+
+    Batch i is sample(fold_in(train key, i)); they are drawn _BATCHES_PER_DRAW at a time,
+    since one call per batch (a 64-step scan) costs a default train step 9 ms more.
+    """
+    first, offset = divmod(index, _BATCHES_PER_DRAW)
+    first *= _BATCHES_PER_DRAW
+    if self._drawn_from != first:
+      keys = jax.vmap(lambda i: jax.random.fold_in(self._train_key, i))(
+          jnp.arange(first, first + _BATCHES_PER_DRAW))
+      self._drawn = np.asarray(self.language.sample_many(keys, self.global_batch_size, self.seq_len))
+      self._drawn_from = first
     size = self.global_batch_size // self.shard_count
-    return dense_batch(rows[self.shard_index * size:(self.shard_index + 1) * size])
+    return dense_batch(self._drawn[offset, self.shard_index * size:(self.shard_index + 1) * size])
 
   def train_iterator(self) -> BatchIterator:
     return BatchIterator(self)
