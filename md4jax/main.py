@@ -78,6 +78,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   if _CONFIG.value.reuse_freed_host_memory:
     allocator.reuse_freed_host_memory()  # Before JAX starts the threads that allocate.
+  if _CONFIG.value.cpu_devices:  # Before any backend starts; accelerator hosts ignore it.
+    jax.config.update("jax_num_cpu_devices", _CONFIG.value.cpu_devices)
   _initialize_distributed()
   try:
     _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)

@@ -131,6 +131,8 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(eval__num_judged_samples=1), r"eval.num_judged_samples must be an integer >= 2"),
     (dict(eval__profile_bins=True), r"eval.profile_bins must be an integer >= 0"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
+    (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
+    (dict(cpu_devices=True), r"cpu_devices must be an integer >= 0"),
 ])
 def test_bad_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):

@@ -112,6 +112,17 @@ def test_train_eval_sample(tmp_path):
   assert result.returncode != 0 and "Prompt ids must be in [0, 8)" in result.stderr
 
 
+def test_many_steps_between_logs_on_a_cpu_mesh(tmp_path):
+  # 400 fast steps without a sync once queued dozens of steps, and XLA:CPU's all-reduce
+  # between the 8 devices deadlocked (aborting the run after 40 s): train.MAX_STEPS_IN_FLIGHT.
+  result = run_cli(tmp_path, "--config.cpu_devices=8", "--config.num_train_steps=400",
+                   "--config.log_every_steps=400", "--config.eval_every_steps=400",
+                   "--config.checkpoint_every_steps=400", "--config.eval.discrete_steps=",
+                   "--config.eval.profile_bins=0", "--config.sample.num_samples=0")
+  assert "Training on 8 cpu device(s): data=8, fsdp=1, tensor=1." in result.stdout
+  assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [400]
+
+
 def test_ar_twin_judges_diffusion_samples(tmp_path):
   judge, model = tmp_path / "ar", tmp_path / "mdm"
   run_cli(judge, "--config.num_train_steps=10", "--config.sample.num_samples=0", config="configs/tiny_ar.py")
