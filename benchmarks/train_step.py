@@ -12,6 +12,8 @@ compiled once, then timed over --steps steps on random tokens, best of
 achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
 Like md4jax.main, it makes glibc reuse freed memory (md4jax.allocator) when the
 config's reuse_freed_host_memory is set; --[no]reuse_freed_host_memory overrides it.
+It splits the CPU into the config's cpu_devices devices as md4jax.main does
+(--cpu_devices overrides it): the batch is then data parallel over them.
 
 --profile adds where the time goes, each part compiled on its own and timed in
 alternating rounds with the step: the network's forward pass (one sampler call
@@ -73,6 +75,10 @@ _REUSE_MEMORY = flags.DEFINE_bool(
     "reuse_freed_host_memory", None,
     "glibc keeps freed memory instead of faulting in fresh pages (md4jax.allocator); "
     "default: the config's reuse_freed_host_memory, as md4jax.main does.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None,
+    "CPU: JAX devices the host is split into, the batch data parallel over them (0 = one); "
+    "default: the config's cpu_devices, as md4jax.main does.")
 
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
                  "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
@@ -190,8 +196,10 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
   jax.block_until_ready(metrics)
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir)
+    in_flight = []
     for _ in range(steps):
       state, metrics = compiled(state, batch)
+      _bound(in_flight, metrics)
     jax.block_until_ready(metrics)
     jax.profiler.stop_trace()
     profile = jax.profiler.ProfileData.from_file(
@@ -205,10 +213,19 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
   return dict(seconds.most_common())
 
 
+def _bound(in_flight: list, out):
+  """Waits for the oldest call once more than train.MAX_STEPS_IN_FLIGHT are unfinished, as the
+  trainer does (on a CPU mesh of several devices, dozens in flight deadlock XLA:CPU)."""
+  in_flight.append(out)
+  if len(in_flight) > train.MAX_STEPS_IN_FLIGHT:
+    jax.block_until_ready(in_flight.pop(0))
+
+
 def _seconds_per_call(fn, args, steps):
-  start = time.perf_counter()
+  start, in_flight = time.perf_counter(), []
   for _ in range(steps):
     out = fn(*args)
+    _bound(in_flight, out)
   jax.block_until_ready(out)
   return (time.perf_counter() - start) / steps
 
@@ -218,6 +235,9 @@ def main(argv):
   config = benchmark_config(_SIZE.value, _BATCH_SIZE.value)
   reuse = config.reuse_freed_host_memory if _REUSE_MEMORY.value is None else _REUSE_MEMORY.value
   reused_memory = reuse and allocator.reuse_freed_host_memory()  # Before JAX's threads start.
+  config.cpu_devices = config.cpu_devices if _CPU_DEVICES.value is None else _CPU_DEVICES.value
+  if config.cpu_devices:  # Before the backend starts.
+    jax.config.update("jax_num_cpu_devices", config.cpu_devices)
   mesh = sharding.make_mesh(config)
   config_lib.validate_config(config, mesh.devices.size, mesh.devices.flat[0].platform)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
@@ -242,8 +262,10 @@ def main(argv):
   step_seconds, matmul_seconds, part_seconds = [], [], {name: [] for name in parts}
   for _ in range(_ROUNDS.value):  # Alternating rounds: load changes hit every part alike.
     start = time.perf_counter()
+    in_flight = []
     for i in range(_STEPS.value):
       state, metrics = step_fn(state, batches[i % 2])
+      _bound(in_flight, metrics)
     jax.block_until_ready((state, metrics))
     step_seconds.append((time.perf_counter() - start) / _STEPS.value)
     matmul_seconds.append(_seconds_per_call(matmul, matmul_args, 10))
