@@ -91,7 +91,7 @@ class MarkovSource:
     """This process's rows of global batch `index`: the same rows on any process layout.
 
     Batch i is sample(fold_in(train key, i)); they are drawn _BATCHES_PER_DRAW at a time,
-    since one call per batch (a 64-step scan) costs a default train step 9 ms more.
+    since one call per batch (an L-step scan) cost a default train step 9 ms more.
     """
     first, offset = divmod(index, _BATCHES_PER_DRAW)
     first *= _BATCHES_PER_DRAW

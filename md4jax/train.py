@@ -29,9 +29,9 @@ from md4jax import state as state_lib
 
 TrainState = state_lib.TrainState
 
-# Steps dispatched ahead of the one last finished. More gains no speed; and on a CPU mesh of
-# several devices, a few dozen queued steps deadlock XLA:CPU's in-process all-reduce (it
-# aborts the run after 40 s).
+# Steps dispatched ahead of the one last finished: two keep the devices busy while the host
+# prepares the next batch. On a CPU mesh of several devices, a few dozen queued steps
+# deadlock XLA:CPU's in-process all-reduce (it aborts the run after 40 s).
 MAX_STEPS_IN_FLIGHT = 2
 
 
