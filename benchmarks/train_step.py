@@ -203,7 +203,7 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
     in_flight = []
     for _ in range(steps):
       state, metrics = compiled(state, batch)
-      _bound(in_flight, metrics)
+      train.bound_in_flight(in_flight, metrics)
     jax.block_until_ready(metrics)
     jax.profiler.stop_trace()
     profile = jax.profiler.ProfileData.from_file(
@@ -217,19 +217,11 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
   return dict(seconds.most_common())
 
 
-def _bound(in_flight: list, out):
-  """Waits for the oldest call once more than train.MAX_STEPS_IN_FLIGHT are unfinished, as the
-  trainer does (on a CPU mesh of several devices, dozens in flight deadlock XLA:CPU)."""
-  in_flight.append(out)
-  if len(in_flight) > train.MAX_STEPS_IN_FLIGHT:
-    jax.block_until_ready(in_flight.pop(0))
-
-
 def _seconds_per_call(fn, args, steps):
   start, in_flight = time.perf_counter(), []
   for _ in range(steps):
     out = fn(*args)
-    _bound(in_flight, out)
+    train.bound_in_flight(in_flight, out)
   jax.block_until_ready(out)
   return (time.perf_counter() - start) / steps
 
@@ -269,7 +261,7 @@ def main(argv):
     in_flight = []
     for i in range(_STEPS.value):
       state, metrics = step_fn(state, batches[i % 2])
-      _bound(in_flight, metrics)
+      train.bound_in_flight(in_flight, metrics)
     jax.block_until_ready((state, metrics))
     step_seconds.append((time.perf_counter() - start) / _STEPS.value)
     matmul_seconds.append(_seconds_per_call(matmul, matmul_args, 10))

@@ -14,7 +14,6 @@ import itertools
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -96,9 +95,9 @@ class MarkovSource:
     first, offset = divmod(index, _BATCHES_PER_DRAW)
     first *= _BATCHES_PER_DRAW
     if self._drawn_from != first:
-      keys = jax.vmap(lambda i: jax.random.fold_in(self._train_key, i))(
-          jnp.arange(first, first + _BATCHES_PER_DRAW))
-      self._drawn = np.asarray(self.language.sample_many(keys, self.global_batch_size, self.seq_len))
+      indices = np.arange(first, first + _BATCHES_PER_DRAW)
+      self._drawn = np.asarray(self.language.sample_many(self._train_key, indices,
+                                                         self.global_batch_size, self.seq_len))
       self._drawn_from = first
     size = self.global_batch_size // self.shard_count
     return dense_batch(self._drawn[offset, self.shard_index * size:(self.shard_index + 1) * size])

@@ -71,10 +71,10 @@ class MarkovLanguage:
     _, rest = jax.lax.scan(step, first, jax.random.split(rest_key, length - 1))
     return jnp.concatenate([first[:, None], rest.T], axis=1).astype(jnp.int32)
 
-  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def sample_many(self, keys: Array, n: int, length: int) -> Array:
-    """sample(key, n, length) for each of keys [C] in one call: [C, n, length] int32."""
-    return jax.vmap(lambda key: self.sample(key, n, length))(keys)
+  @functools.partial(jax.jit, static_argnums=(0, 3, 4))
+  def sample_many(self, key: Array, indices: Array, n: int, length: int) -> Array:
+    """sample(fold_in(key, i), n, length) for each i of indices [C], in one call: [C, n, length]."""
+    return jax.vmap(lambda i: self.sample(jax.random.fold_in(key, i), n, length))(indices)
 
   # ---- Exact denoiser ----
   def denoise_fn(self, mask_id: int, schedule=None):

@@ -35,6 +35,14 @@ TrainState = state_lib.TrainState
 MAX_STEPS_IN_FLIGHT = 2
 
 
+def bound_in_flight(in_flight: list, outputs) -> None:
+  """Appends a dispatched call's outputs; waits for the oldest once more than
+  MAX_STEPS_IN_FLIGHT are queued (and drops it from the list)."""
+  in_flight.append(outputs)
+  if len(in_flight) > MAX_STEPS_IN_FLIGHT:
+    jax.block_until_ready(in_flight.pop(0))
+
+
 def _microbatches(batch: dict, num: int) -> tuple[dict, jax.Array]:
   """[num, B/num, ...] microbatches and their global row indices [num, B/num].
 
@@ -146,13 +154,13 @@ def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, it
   start_step = int(sharding.to_host(state.step))
   progress = metrics_writer.ProgressLine(config.num_train_steps)
   unchecked = []  # Device metrics not yet fetched.
+  in_flight = []  # Metrics of the steps dispatched and not yet known finished.
   window_start, timed_steps = time.perf_counter(), 0
   tokens_per_step = config.batch_size * config.data.seq_len
   for step in range(start_step + 1, config.num_train_steps + 1):
     state, metrics = step_fn(state, sharding.device_batch(next(iterator), mesh))
     unchecked.append((step, metrics))
-    if len(unchecked) > MAX_STEPS_IN_FLIGHT:
-      jax.block_until_ready(unchecked[-1 - MAX_STEPS_IN_FLIGHT][1])
+    bound_in_flight(in_flight, metrics)
     if step == start_step + 1:  # Compilation: keep it out of tokens/s.
       jax.block_until_ready(metrics)
       print(f"Compiled and ran the first step in {time.perf_counter() - window_start:.1f}s.")
