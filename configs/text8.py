@@ -98,8 +98,9 @@ def get_config(variant: str = ""):
     config.eval.discrete_steps = ""  # Each T costs as much as the NELBO itself; skipped on a CPU.
     config.eval.profile_bins = 10  # Half the default: one forward pass per bin and sequence.
     config.sample.num_samples = 16
-    config.sample.method = "jump"  # Ancestral's law with 256 steps, in at most 128 calls.
-    # A cooler law reads as words sooner: 53% of sample words are real at 0.7, 37% at 1 (the
-    # model's own law, --config.sample.temperature=1).
+    # Most confident positions first, at temperature 0.7: 66% of sample words are real words (49%
+    # of their characters). The model's own law (--config.sample.method=jump
+    # --config.sample.temperature=1: ancestral with 256 steps) reads as 37% words, jump at 0.7 53%.
+    config.sample.method = "confidence"
     config.sample.temperature = 0.7
   return config
