@@ -11,7 +11,7 @@ Check that it fits a TPU slice on any CPU machine (pip install -e ".[tpu]"):
 data.path is the text8 corpus (`text8` or `text8.zip`, split 90M/5M/5M) or any text8-format
 file (a-z and single spaces, split 90/5/5 by position). `configs/text8.py:cpu` is a
 CPU-sized variant (0.22M parameters) that trains, evaluates and samples in under
-20 minutes on 2 CPU cores (measured: 15.5 min; 2.74 ± 0.03 bits/char on the held-out 5%
+20 minutes on 2 CPU cores (measured: 16.2 min; 2.74 ± 0.03 bits/char on the held-out 5%
 of the shared dev file after 5,000 steps):
 
   python -m md4jax.main --config=configs/text8.py:cpu --workdir=/tmp/md4jax_text8_cpu \
