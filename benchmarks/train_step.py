@@ -98,7 +98,7 @@ def benchmark_config(size: str, batch_size=None):
   if name == "text8":  # The paper config's accelerator settings do not help a CPU.
     config.model.dtype, config.model.scan_layers, config.model.remat = "float32", False, "none"
     # Fastest on a 2-core machine: a device per core and freed memory reused. Share of the matmul
-    # rate (README's table): 4x256 0.41-0.45 -> 0.59-0.64, 6x384 0.47 -> 0.66, 12x768 0.55 -> 0.64.
+    # rate (README's table): 4x256 0.41-0.45 -> 0.58-0.64, 6x384 0.47 -> 0.66, 12x768 0.55 -> 0.64.
     config.cpu_devices, config.reuse_freed_host_memory = 2, True
   return config
 
