@@ -29,7 +29,8 @@ Methods:
                  masked position (one network call per masked position).
   confidence     MaskGIT-style heuristic (not the reverse process): each step
                  reveals the most confident masked positions, as many as the
-                 schedule's mask rate says should remain masked.
+                 schedule's mask rate says should remain masked, and at least
+                 one per sequence; it stops when nothing is masked (≤ min(T, L) calls).
   threshold      Fast-dLLM parallel decoding (a heuristic): each call reveals
                  every masked position whose top probability (under the
                  temperature / top-k / top-p law; at temperature 0, the plain
@@ -300,8 +301,14 @@ def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
   batch_size = z.shape[0]
   initial_masked = (z == mask_id).sum(-1)
 
-  def body(i, carry):
-    z, trajectory = carry
+  # Each step reveals at least one mask per sequence, so with T > L the batch is done before
+  # step T; the steps after that would change nothing, and are not run.
+  def cond(carry):
+    i, z, _ = carry
+    return (i < num_steps) & (z == mask_id).any()
+
+  def body(carry):
+    i, z, trajectory = carry
     step = num_steps - i
     masked = z == mask_id
     alpha = _alphas(schedule, grid[step], batch_size)
@@ -314,10 +321,10 @@ def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
     rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)
     reveal = masked & (rank < num_reveal[:, None])
     z = jnp.where(reveal, draw(jax.random.fold_in(key, step), logits), z)
-    return z, _record(trajectory, i, z, logits, alpha)
+    return i + 1, z, _record(trajectory, i, z, logits, alpha)
 
-  z, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, trajectory))
-  return z, jnp.int32(num_steps), trajectory
+  nfe, z, trajectory = jax.lax.while_loop(cond, body, (jnp.int32(0), z, trajectory))
+  return z, nfe, _repeat_final(trajectory, z, nfe)
 
 
 def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, mask_id: int,

@@ -330,3 +330,25 @@ def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, conf
   revealed = states[1] != MASK_ID
   for row in range(8):
     assert score[row][revealed[row]].min() >= np.sort(score[row])[-3] - 1e-6
+
+
+def test_confidence_stops_calling_once_nothing_is_masked(language):
+  """T = 64 steps for 12 masks: the schedule keeps floor(12·(s−1)/64) masks after step s, so
+  every step reveals exactly one (the at-least-one rule) and the batch is done after 12 calls;
+  the 52 steps left would change nothing and are not run. Later records repeat the end."""
+  calls = []
+
+  def counting(z, alpha):
+    jax.debug.callback(lambda value: calls.append(value.shape), z, ordered=True)
+    return language.denoise_fn(MASK_ID)(z, alpha)
+
+  tokens, info = jax.jit(lambda key: sampling.sample(
+      key, counting, batch_size=8, length=LENGTH, schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID, method="confidence", num_steps=64,
+      record_trajectory=True))(jax.random.PRNGKey(3))
+  jax.effects_barrier()
+  assert int(info["nfe"]) == len(calls) == LENGTH
+  states = np.asarray(info["trajectory"]["tokens"])
+  np.testing.assert_array_equal((states[: LENGTH + 1] == MASK_ID).sum(-1),
+                                np.tile(np.arange(LENGTH, -1, -1)[:, None], (1, 8)))
+  np.testing.assert_array_equal(states[LENGTH:], np.broadcast_to(tokens, states[LENGTH:].shape))
