@@ -119,7 +119,7 @@ def test_cached_equals_ancestral_with_fewer_calls(language):
 
 
 def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None, **kwargs):
-  """Runs a jitted sampler and records every z the network sees (in call order)."""
+  """Runs a jitted sampler: (every z the network sees, in call order, then the final tokens; info)."""
   states = []
   oracle = language.denoise_fn(MASK_ID)
 
@@ -127,12 +127,12 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None,
     jax.debug.callback(lambda value: states.append(np.asarray(value)), z, ordered=True)
     return oracle(z, alpha)
 
-  tokens, _ = jax.jit(lambda key: sampling.sample(
+  tokens, info = jax.jit(lambda key: sampling.sample(
       key, recording, batch_size=32, length=LENGTH, schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID, method=method, num_steps=num_steps, prompt=prompt,
       prompt_mask=prompt_mask, **kwargs))(jax.random.PRNGKey(2))
   jax.effects_barrier()
-  return states + [np.asarray(tokens)]
+  return states + [np.asarray(tokens)], info
 
 
 @pytest.mark.parametrize("method,num_steps,kwargs", [
@@ -141,7 +141,7 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None,
 def test_revealed_tokens_never_change_and_prompts_are_clamped(language, method, num_steps, kwargs):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[3].set(2).at[LENGTH - 1].set(4)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[3].set(True).at[LENGTH - 1].set(True)
-  states = _recorded_states(language, method, num_steps, prompt, prompt_mask, **kwargs)
+  states, _ = _recorded_states(language, method, num_steps, prompt, prompt_mask, **kwargs)
   assert len(states) >= 2
   for before, after in zip(states, states[1:]):
     revealed = before != MASK_ID
@@ -336,19 +336,11 @@ def test_confidence_stops_calling_once_nothing_is_masked(language):
   """T = 64 steps for 12 masks: the schedule keeps floor(12·(s−1)/64) masks after step s, so
   every step reveals exactly one (the at-least-one rule) and the batch is done after 12 calls;
   the 52 steps left would change nothing and are not run. Later records repeat the end."""
-  calls = []
-
-  def counting(z, alpha):
-    jax.debug.callback(lambda value: calls.append(value.shape), z, ordered=True)
-    return language.denoise_fn(MASK_ID)(z, alpha)
-
-  tokens, info = jax.jit(lambda key: sampling.sample(
-      key, counting, batch_size=8, length=LENGTH, schedule=schedules.get_schedule("linear"),
-      mask_id=MASK_ID, method="confidence", num_steps=64,
-      record_trajectory=True))(jax.random.PRNGKey(3))
-  jax.effects_barrier()
+  states, info = _recorded_states(language, "confidence", 64, record_trajectory=True)
+  calls, tokens = states[:-1], states[-1]
   assert int(info["nfe"]) == len(calls) == LENGTH
-  states = np.asarray(info["trajectory"]["tokens"])
-  np.testing.assert_array_equal((states[: LENGTH + 1] == MASK_ID).sum(-1),
-                                np.tile(np.arange(LENGTH, -1, -1)[:, None], (1, 8)))
-  np.testing.assert_array_equal(states[LENGTH:], np.broadcast_to(tokens, states[LENGTH:].shape))
+  np.testing.assert_array_equal((np.stack(states) == MASK_ID).sum(-1),
+                                np.tile(np.arange(LENGTH, -1, -1)[:, None], (1, 32)))
+  recorded = np.asarray(info["trajectory"]["tokens"])
+  np.testing.assert_array_equal(recorded[: LENGTH + 1], np.stack(states))
+  np.testing.assert_array_equal(recorded[LENGTH:], np.broadcast_to(tokens, recorded[LENGTH:].shape))
