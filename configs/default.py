@@ -2,7 +2,7 @@ r"""The embedded default: a masked diffusion LM learns a generated Markov langua
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
 
-Trains in a few minutes on 2 CPU cores, then prints the NELBO in bits/token ± its
+Trains, evaluates and samples in about 1½ minutes on 2 CPU cores (86 s measured), then prints the NELBO in bits/token ± its
 standard error, the language's exact entropy and the gap between them in %.
 """
 
