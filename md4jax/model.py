@@ -35,6 +35,11 @@ def _init(initializer, names):
   return nn.with_logical_partitioning(initializer, names)
 
 
+def _kernel(module: nn.Module, shape: tuple, names: tuple, std: float):
+  """The module's float32 param "kernel", normal(std) at init, with logical axis names."""
+  return module.param("kernel", _init(nn.initializers.normal(std), names), shape, jnp.float32)
+
+
 def _constrain(x, names):
   return nn.with_logical_constraint(x, names)
 
@@ -130,9 +135,8 @@ class _Einsum(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    kernel = self.param("kernel", _init(nn.initializers.normal(self.std), self.names), self.shape,
-                        jnp.float32)
-    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, _kernel(self, self.shape, self.names, self.std),
+                                        dtype=self.dtype)
     return jnp.einsum(self.equation, x, kernel)
 
 
@@ -184,8 +188,7 @@ class _Kernel(nn.Module):
 
   @nn.compact
   def __call__(self):
-    return self.param("kernel", _init(nn.initializers.normal(self.std), self.names), self.shape,
-                      jnp.float32)
+    return _kernel(self, self.shape, self.names, self.std)
 
 
 class SwiGLU(nn.Module):

@@ -127,6 +127,52 @@ def test_rope_relative_position():
   assert apply_rope(q.astype(jnp.bfloat16), jnp.array([7])).dtype == jnp.bfloat16
 
 
+def _reference_forward(params, tokens, positions, num_heads, causal):
+  """The plain Transformer from its params: one matmul per kernel (W_gate and W_up apart), RoPE
+  on q and k one at a time as a complex rotation, jax.nn attention. Pins the model's fused forms."""
+  def rms(x, scale):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
+
+  def rope(x):  # [B, L, H, Dh]: (x1 + i x2) e^{i θ}, θ_j = position · 10000^(-j / half).
+    half = x.shape[-1] // 2
+    theta = positions[:, :, None, None] * 10000.0 ** (-jnp.arange(half) / half)
+    rotated = (x[..., :half] + 1j * x[..., half:]) * jnp.exp(1j * theta)
+    return jnp.concatenate([rotated.real, rotated.imag], -1)
+
+  p = params["params"]
+  x = p["embed"]["embedding"][tokens]
+  for i in range(len([name for name in p if name.startswith("block_")])):
+    block = p[f"block_{i}"]
+    h = rms(x, block["attn_norm"]["scale"])
+    wqkv = block["attn"]["qkv"]["kernel"]  # [D, 3, H, Dh]
+    q, k, v = (jnp.einsum("bld,dhk->blhk", h, wqkv[:, j]) for j in range(3))
+    attended = jax.nn.dot_product_attention(rope(q), rope(k), v, is_causal=causal)
+    x = x + jnp.einsum("blhk,hkd->bld", attended, block["attn"]["out"]["kernel"])
+    h = rms(x, block["mlp_norm"]["scale"])
+    mlp = block["mlp"]
+    x = x + (nn.silu(h @ mlp["gate"]["kernel"]) * (h @ mlp["up"]["kernel"])) @ mlp["down"]["kernel"]
+  assert wqkv.shape[2] == num_heads
+  return rms(x, p["final_norm"]["scale"]) @ p["logits"]["kernel"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_matches_the_plain_reference(causal):
+  # Random (not init-sized) params, so every kernel's role shows in the logits.
+  model = _model(causal=causal)
+  tokens = _tokens()
+  params = _perturb(init(model, jax.random.key(0), tokens), scale=0.3)
+  positions = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6], list(range(8))], jnp.int32)
+  expected = _reference_forward(params, tokens, positions, 4, causal)
+  out = model.apply(params, tokens, None, None, positions)
+  assert float(jnp.std(expected)) > 0.1  # Not a near-constant function.
+  np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-4, atol=1e-4)
+  # The gate and up kernels have distinct roles: swapping them changes the logits.
+  swapped = jax.tree.map(lambda a: a, params)
+  mlp = swapped["params"]["block_0"]["mlp"]
+  mlp["gate"], mlp["up"] = mlp["up"], mlp["gate"]
+  assert float(jnp.abs(model.apply(swapped, tokens, None, None, positions) - out).max()) > 1e-2
+
+
 @pytest.mark.parametrize("kwargs, alpha, match", [
     (dict(time_conditioning="film"), None, "unknown time_conditioning"),
     (dict(model_dim=30, num_heads=4), None, "not divisible by num_heads"),
