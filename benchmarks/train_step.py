@@ -7,7 +7,7 @@ Sizes are the configs of the same name (configs/tiny.py, default.py, text8.py;
 text8 at a CPU-sized batch unless --batch_size says otherwise) and three
 text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256); the text8 sizes
-run in float32 on 2 CPU devices, with freed memory reused below 12x768 (benchmark_config). The step is
+run in float32 on 2 CPU devices with freed memory reused (benchmark_config). The step is
 compiled once, then timed over --steps steps on random tokens, best of
 --rounds. Each round also times a 2048x2048 float32 matmul (best round kept), so the
 achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
@@ -99,9 +99,7 @@ def benchmark_config(size: str, batch_size=None):
     config.model.dtype, config.model.scan_layers, config.model.remat = "float32", False, "none"
     # Fastest on a 2-core machine: a device per core and freed memory reused. Share of the matmul
     # rate (README's table): 4x256 0.41-0.45 -> 0.58-0.64, 6x384 0.47 -> 0.66, 12x768 0.55 -> 0.64.
-    # Not at 12x768: its ~9 GB of temporaries grow the heap past 23 GB within 16 steps (the process
-    # was killed on a 2-core EPYC), and they were no faster with it (13.8 s without, 14.4 s with, Xeon).
-    config.cpu_devices, config.reuse_freed_host_memory = 2, size != "12x768"
+    config.cpu_devices, config.reuse_freed_host_memory = 2, True
   return config
 
 

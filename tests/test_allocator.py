@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from md4jax import allocator
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Page faults per call of a program with a 128 MB temporary, after
@@ -42,3 +44,38 @@ def test_reused_host_memory_stops_page_faults_of_fresh_temporaries():
   _, faults_without = _faults_per_call("default")
   assert faults_without > 10_000  # Every page of the fresh temporary faults (32,768 of 4 KiB).
   assert faults < 1_000, f"{faults} page faults per call with the freed memory reused"
+
+
+# Resident MB after a block of the given MB is touched and freed, with the setting applied.
+_RESIDENT_AFTER_FREE = """
+import sys
+import numpy as np
+from md4jax import allocator
+applied = allocator.reuse_freed_host_memory()
+resident = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+before = resident()
+block = np.ones(int(sys.argv[1]) * 2**20 // 8)  # Every page touched.
+above = np.ones(2**17)  # 1 MB allocated after it: the freed block is not the heap's top, so no trim.
+del block
+print(applied, resident() - before)
+"""
+
+
+def _resident_after_free(megabytes):
+  result = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_FREE, str(megabytes)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+  applied, kept = result.stdout.split()
+  return applied, float(kept)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator is Linux's")
+def test_blocks_from_2_gib_up_are_still_returned_to_the_kernel():
+  # The heap keeps what it frees, but not the largest blocks: else 12 layers/768's temporaries
+  # grew it past the machine's memory.
+  applied, kept_small = _resident_after_free(256)
+  if applied != "True":
+    pytest.skip("not glibc, or an accelerator host: the allocator is left alone")
+  assert kept_small > 200  # Below the threshold: kept for reuse.
+  assert allocator.MMAP_THRESHOLD_BYTES < 2304 * 2**20
+  _, kept_large = _resident_after_free(2304)  # 2.25 GiB: above it.
+  assert kept_large < 50, f"{kept_large} MB of a freed 2.25 GiB block stayed resident"
