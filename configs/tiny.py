@@ -24,6 +24,7 @@ def get_config():
   config.optimizer.ema_decay = 0.9
   config.eval.num_sequences = 32
   config.eval.num_mc_samples = 2
+  config.eval.num_discrete_draws = 2
   config.eval.batch_size = 16
   config.sample.num_samples = 2
   config.sample.num_steps = 8

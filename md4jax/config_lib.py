@@ -109,6 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.estimator = "mask_count"  # NELBO estimator for eval; mask_count has bounded variance.
   config.eval.batch_size = 64  # Sequences per evaluation call, split over all devices.
   config.eval.discrete_steps = "10,50,1000"  # mdm: T of the discrete-time bounds reported beside the continuous one; "" skips them.
+  config.eval.num_discrete_draws = 4  # mdm: NELBO draws per sequence of each discrete-time bound (the continuous ones take num_mc_samples).
   config.eval.judge_workdir = ""  # An md4jax AR workdir on the same data: scores the eval rows and fresh samples (generative perplexity); "" = off.
   config.eval.num_judged_samples = 64  # Fresh samples (sample.* settings) scored by the judge; the SE is over them.
   config.eval.profile_bins = 20  # mdm: bins of t in the per-t loss profile (w(t)·CE, one draw per bin and sequence); 0 skips it.
@@ -291,7 +292,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
                "batch_size", "data.seq_len", "data.vocab_size", "model.num_layers",
                "model.model_dim", "model.num_heads", "model.mlp_dim",
                "training.max_checkpoints_to_keep", "eval.num_sequences", "eval.num_mc_samples",
-               "eval.batch_size", "sample.num_steps"):
+               "eval.num_discrete_draws", "eval.batch_size", "sample.num_steps"):
     _check_positive_int(config, name)
   _validate_parallelism(config, num_devices, platform)
   _check(isinstance(config.reuse_freed_host_memory, bool),

@@ -14,6 +14,7 @@ AR models (generative perplexity) next to their unigram entropy, since a low
 perplexity can just be low entropy.
 """
 
+import functools
 import json
 import math
 from typing import Optional
@@ -92,22 +93,48 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
       return objective.sequence_nats(params, batch, draw_key, model=model, config=config,
                                      estimator=estimator, t_sampling="uniform", num_steps=num_steps)
 
-    def add_draw(totals, draw_key):
-      draw = {"nats": score(draw_key, config.eval.estimator)}
-      for i, (name, (estimator, num_steps)) in enumerate(extras.items()):
-        if num_steps is None and estimator == config.eval.estimator:
-          draw[f"nats/{name}"] = draw["nats"]  # The headline already is this bound.
+    def draw_of(bounds, draw_key):
+      draw = {}
+      for i, (name, (estimator, num_steps)) in enumerate(bounds.items()):
+        if num_steps is None and estimator == config.eval.estimator and "nats" in draw:
+          draw[name] = draw["nats"]  # The headline already is this bound.
         else:
-          draw[f"nats/{name}"] = score(jax.random.fold_in(draw_key, i + 1), estimator, num_steps)
-      return jax.tree.map(jnp.add, totals, draw), None
+          # Each bound a key of its own; the first (the headline) the draw's key itself.
+          draw[name] = score(jax.random.fold_in(draw_key, i) if i else draw_key, estimator,
+                             num_steps)
+      return draw
 
     rows = batch["tokens"].shape[0]
-    zeros = {name: jnp.zeros(rows) for name in ["nats"] + [f"nats/{n}" for n in extras]}
+    # The headline and the continuous bounds take eval.num_mc_samples draws (the estimators
+    # compare at the same K); each discrete-time bound eval.num_discrete_draws.
+    continuous = {"nats": (config.eval.estimator, None)}
+    continuous.update({f"nats/{n}": bound for n, bound in extras.items() if bound[1] is None})
+    discrete = {f"nats/{n}": bound for n, bound in extras.items() if bound[1] is not None}
     draw_key, profile_key = jax.random.split(key)
-    totals, _ = jax.lax.scan(add_draw, zeros, jax.random.split(draw_key, num_draws))
-    outputs = {**{name: total / num_draws for name, total in totals.items()},
-               "num_tokens": batch["editable"].astype(jnp.int32).sum(-1), "tokens": batch["tokens"],
-               "editable": batch["editable"]}
+    parts = [(continuous, jax.random.split(draw_key, num_draws))]
+    if discrete:
+      parts.append((discrete, jax.random.split(jax.random.fold_in(key, 1),
+                                               config.eval.num_discrete_draws)))
+    num_iterations = max(len(keys) for _, keys in parts)
+
+    # One scan for both: two loops in a row crash libtpu's memory-space assignment (0.0.42).
+    def add_draw(totals, i):
+      for bounds, keys in parts:
+        draw_key = keys[jnp.minimum(i, len(keys) - 1)]
+        if len(keys) == num_iterations:
+          draw = draw_of(bounds, draw_key)
+        else:  # Fewer draws than iterations: the last ones add nothing.
+          nothing = {name: jnp.zeros(rows) for name in bounds}
+          draw = jax.lax.cond(i < len(keys), functools.partial(draw_of, bounds),
+                              lambda _, nothing=nothing: nothing, draw_key)
+        totals = {**totals, **{name: totals[name] + value for name, value in draw.items()}}
+      return totals, None
+
+    zeros = {name: jnp.zeros(rows) for bounds, _ in parts for name in bounds}
+    totals, _ = jax.lax.scan(add_draw, zeros, jnp.arange(num_iterations))
+    outputs = {name: totals[name] / len(keys) for bounds, keys in parts for name in bounds}
+    outputs.update(num_tokens=batch["editable"].astype(jnp.int32).sum(-1), tokens=batch["tokens"],
+                   editable=batch["editable"])
     if with_profile:
       outputs["profile_nats"] = profile_nats(params, batch, profile_key, model=model, config=config)
     return outputs
@@ -215,6 +242,7 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
       results["discrete_time"] = {str(steps): _bits(columns[f"nats/T{steps}"], num_tokens)
                                   for steps in discrete_steps(config)}
       results["discrete_time_estimator"] = discrete_estimator(config)
+      results["discrete_time_num_mc_samples"] = config.eval.num_discrete_draws
     if "profile_nats" in columns:
       results["loss_profile"] = loss_profile(columns["profile_nats"], num_tokens,
                                              config.diffusion.schedule)

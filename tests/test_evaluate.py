@@ -77,6 +77,24 @@ def test_stderr_shrinks_like_one_over_sqrt_k():
   assert 4 / 1.4 < ratio < 4 * 1.4, stderrs  # √16 = 4; the SE of an SE over 128 rows is ~6%.
 
 
+def test_discrete_bounds_take_their_own_draws_and_leave_the_headline_alone():
+  runs = {}
+  for draws in (1, 16):
+    # T = 10: the discrete weights are bounded, so the SE of the t-estimator has a rate to test.
+    config = tiny_config(num_mc_samples=2, num_discrete_draws=draws, discrete_steps="10",
+                         profile_bins=0, num_sequences=128, batch_size=64)
+    mesh, model, params = untrained(config)
+    source = _RepeatedSource(data.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
+    runs[draws] = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
+                                    source, mesh)
+  assert runs[1]["nelbo_bits_per_token"] == runs[16]["nelbo_bits_per_token"]
+  assert runs[1]["estimators"] == runs[16]["estimators"]
+  ratio = runs[1]["discrete_time"]["10"]["stderr"] / runs[16]["discrete_time"]["10"]["stderr"]
+  assert 4 / 1.4 < ratio < 4 * 1.4, ratio
+  assert runs[16]["discrete_time_num_mc_samples"] == 16
+  assert "t-estimator (t ~ U(0,1), w(t)·Σ masked CE), K = 16 Monte Carlo draws" in report.render(runs[16])
+
+
 def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   config = tiny_config(num_sequences=512, batch_size=64)
   config.model.type = "ar"
