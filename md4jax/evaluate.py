@@ -93,46 +93,50 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
       return objective.sequence_nats(params, batch, draw_key, model=model, config=config,
                                      estimator=estimator, t_sampling="uniform", num_steps=num_steps)
 
-    def draw_of(bounds, draw_key):
-      draw = {}
-      for i, (name, (estimator, num_steps)) in enumerate(bounds.items()):
-        if num_steps is None and estimator == config.eval.estimator and "nats" in draw:
-          draw[name] = draw["nats"]  # The headline already is this bound.
-        else:
-          # Each bound a key of its own; the first (the headline) the draw's key itself.
-          draw[name] = score(jax.random.fold_in(draw_key, i) if i else draw_key, estimator,
-                             num_steps)
-      return draw
-
-    rows = batch["tokens"].shape[0]
-    # The headline and the continuous bounds take eval.num_mc_samples draws (the estimators
-    # compare at the same K); each discrete-time bound eval.num_discrete_draws.
-    continuous = {"nats": (config.eval.estimator, None)}
-    continuous.update({f"nats/{n}": bound for n, bound in extras.items() if bound[1] is None})
-    discrete = {f"nats/{n}": bound for n, bound in extras.items() if bound[1] is not None}
+    # name -> (estimator, num_steps, draws, index). The headline and the continuous bounds take
+    # eval.num_mc_samples draws (the estimators compare at the same K), each discrete-time
+    # bound eval.num_discrete_draws; draw j scores a bound with fold_in(key j, index), the
+    # headline (index 0) with key j itself.
+    scored = {"nats": (config.eval.estimator, None, num_draws, 0)}
+    for i, (name, (estimator, num_steps)) in enumerate(extras.items()):
+      if num_steps is not None or estimator != config.eval.estimator:  # Else: the headline.
+        draws = num_draws if num_steps is None else config.eval.num_discrete_draws
+        scored[f"nats/{name}"] = (estimator, num_steps, draws, i + 1)
+    num_iterations = max(draws for _, _, draws, _ in scored.values())
     draw_key, profile_key = jax.random.split(key)
-    parts = [(continuous, jax.random.split(draw_key, num_draws))]
-    if discrete:
-      parts.append((discrete, jax.random.split(jax.random.fold_in(key, 1),
-                                               config.eval.num_discrete_draws)))
-    num_iterations = max(len(keys) for _, keys in parts)
+    rows = batch["tokens"].shape[0]
 
-    # One scan for both: two loops in a row crash libtpu's memory-space assignment (0.0.42).
-    def add_draw(totals, i):
-      for bounds, keys in parts:
-        draw_key = keys[jnp.minimum(i, len(keys) - 1)]
-        if len(keys) == num_iterations:
-          draw = draw_of(bounds, draw_key)
-        else:  # Fewer draws than iterations: the last ones add nothing.
+    # A continuous bound of the headline's estimator is the headline: its rows are the headline's.
+    shared = [f"nats/{name}" for name in extras if f"nats/{name}" not in scored]
+
+    def scores_of(bounds, key_j):
+      return {name: score(jax.random.fold_in(key_j, index) if index else key_j, estimator,
+                          num_steps) for name, (estimator, num_steps, _, index) in bounds.items()}
+
+    by_draws = {}  # draws -> the bounds that take them: one cond per group, not per bound.
+    for name, bound in scored.items():
+      by_draws.setdefault(bound[2], {})[name] = bound
+
+    def add_draw(totals, xs):
+      j, key_j = xs
+      values = {}
+      for draws, bounds in by_draws.items():
+        draw = functools.partial(scores_of, bounds)
+        if draws < num_iterations:  # Bounds with fewer draws: the last iterations skip them.
           nothing = {name: jnp.zeros(rows) for name in bounds}
-          draw = jax.lax.cond(i < len(keys), functools.partial(draw_of, bounds),
-                              lambda _, nothing=nothing: nothing, draw_key)
-        totals = {**totals, **{name: totals[name] + value for name, value in draw.items()}}
-      return totals, None
+          values.update(jax.lax.cond(j < draws, draw, lambda _, nothing=nothing: nothing, key_j))
+        else:
+          values.update(draw(key_j))
+      values.update({name: values["nats"] for name in shared})
+      return {name: totals[name] + values[name] for name in totals}, None
 
-    zeros = {name: jnp.zeros(rows) for bounds, _ in parts for name in bounds}
-    totals, _ = jax.lax.scan(add_draw, zeros, jnp.arange(num_iterations))
-    outputs = {name: totals[name] / len(keys) for bounds, keys in parts for name in bounds}
+    # The shared rows ride in the carry too: without them libtpu 0.0.42's memory-space
+    # assignment fails on text8's eval for v5e:2x2 (tests/test_aot.py), as it does with two
+    # scans in a row. split(k, n)[:m] is split(k, m) (partitionable threefry), so the
+    # headline's keys do not depend on the discrete bounds' draws.
+    totals, _ = jax.lax.scan(add_draw, {name: jnp.zeros(rows) for name in [*scored, *shared]},
+                             (jnp.arange(num_iterations), jax.random.split(draw_key, num_iterations)))
+    outputs = {name: totals[name] / scored.get(name, scored["nats"])[2] for name in totals}
     outputs.update(num_tokens=batch["editable"].astype(jnp.int32).sum(-1), tokens=batch["tokens"],
                    editable=batch["editable"])
     if with_profile:

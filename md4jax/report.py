@@ -84,10 +84,9 @@ def render(results: dict) -> str:
       lines.append(f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
   if "discrete_time" in results:
     lines += ["", "## Discrete-time bounds", "",
-              f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}"
-              + (f", K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence"
-                 if "discrete_time_num_mc_samples" in results else "")  # Absent in older eval.json.
-              + ". A bound with T "
+              f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}, "
+              f"K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence. "
+              "A bound with T "
               "steps is looser than the continuous one and tightens as T grows.", "",
               "| T | NELBO (bits/token) |", "|---|---|"]
     for steps, figure in results["discrete_time"].items():
