@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from md4jax import groundtruth
 from md4jax.groundtruth import MarkovLanguage
 
 P_VALUE = 1e-4        # chi-square tests reject (falsely) with this probability
@@ -227,6 +228,18 @@ def test_sample_bigram_and_initial_chi_square():
   crit = stats.chi2.isf(P_VALUE, d)
   assert s < crit, f"initial chi-square {s:.1f} >= critical {crit:.1f} (df={d})"
 
+
+def test_sample_thresholds_give_every_probability_to_2_to_the_minus_32():
+  """The inverse-CDF thresholds imply each transition and start probability within 2^-32 (each
+  edge is rounded to the nearest multiple), the smoothing's tiny ones (1e-3 / V) included."""
+  lang = MarkovLanguage(32, seed=0, smoothing=1e-3)
+  for law in (lang.transition, lang.initial[None]):
+    thresholds = np.asarray(groundtruth._thresholds(law), np.float64)
+    assert np.all(np.diff(thresholds, axis=-1) >= 0)
+    edges = np.pad(thresholds, ((0, 0), (1, 0))), np.full(thresholds.shape[:1] + (1,), 2.0 ** 32)
+    implied = np.diff(np.concatenate(edges, axis=-1), axis=-1) / 2.0 ** 32
+    assert np.abs(implied - law).max() <= 2.0 ** -32 + 1e-15
+  assert lang.transition.min() < 1e-4  # The test covers the small probabilities.
 
 # ---------------------------------------------------------------- oracle denoiser
 def test_oracle_matches_brute_force_conditional():
