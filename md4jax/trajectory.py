@@ -282,6 +282,9 @@ def render_gif(trajectory, path, *, mask_id, decode, sample_index=0, frame_ms=30
     frames.append(img)
     prev_step = step
 
+  # Octree quantization: ~4x faster than Pillow's default (median cut) on save.
+  frames = [frame.quantize(method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+            for frame in frames]
   # The last frame lingers so the finished sample is readable before the loop restarts.
   durations = [frame_ms] * (len(frames) - 1) + [frame_ms * 4]
   frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=durations,
