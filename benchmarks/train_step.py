@@ -144,7 +144,7 @@ def _parts(config, model, optimizer, mesh, state, batch):
   grads = jax.tree.map(jnp.zeros_like, state.params)
   jax_attention = lambda q, k, v, mask, causal: jax.nn.dot_product_attention(
       q, k, v, mask=mask, is_causal=causal)
-  no_rope = lambda x, positions, base=0.0: x
+  no_rope = lambda x, cos, sin: x
   return {
       "step": compiled(step, state, dense),
       "forward": compiled(forward, state.params, batch["tokens"]),
@@ -152,7 +152,7 @@ def _parts(config, model, optimizer, mesh, state, batch):
       "optimizer_and_ema": compiled(optimizer_ema, state, grads),
       "step_jax_nn_attention": compiled(step, state, dense, softmax_attention=jax_attention),
       "step_segment_mask": compiled(step, state, batch),
-      "step_without_rope": compiled(step, state, dense, apply_rope=no_rope),
+      "step_without_rope": compiled(step, state, dense, rotate=no_rope),
   }
 
 

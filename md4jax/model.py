@@ -8,12 +8,15 @@ Every param and the main activations carry logical axis names ("embed",
 "heads", "mlp", ...); `md4jax.sharding` maps them to mesh axes. Without a
 mesh in context the names change nothing.
 """
+import functools
 import math
 
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from md4jax.splash import splash_attention, splash_block_size  # Re-exported: callers know them here.
 
@@ -44,31 +47,51 @@ def _constrain(x, names):
   return nn.with_logical_constraint(x, names)
 
 
-def apply_rope(x, positions, base=10000.0):
-  """Rotary position embedding (half-split / GPT-NeoX layout).
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
+  """RoPE's float32 frequencies [Dh / 2]: frequency i is base**(-2i/Dh)."""
+  half = head_dim // 2
+  return (np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))).astype(np.float32)
 
-  Args:
-    x: [..., L, H, Dh] queries or keys, Dh even.
-    positions: integer positions broadcastable to x's leading dims, e.g. [L].
-    base: rotation base; frequency i is base**(-2i/Dh).
 
-  Returns:
-    x rotated, same shape and dtype as x. Angles and the rotation are computed
-    in float32 because bf16 angles lose the position resolution at long L.
+def rope_cos_sin(positions, head_dim: int, base: float = 10000.0, num_positions=None):
+  """cos and sin of RoPE's angles position · frequency, float32 [..., Dh / 2] for integer positions.
+
+  With num_positions, they are looked up in a table of positions 0 .. num_positions − 1
+  computed on the host (out-of-range positions give NaN, never a silent wrong angle): cos and
+  sin evaluated in the network are fused by XLA:CPU into every layer's rotation and recomputed
+  for each query, key and head. The table holds cos and sin of the same float32 angles,
+  correctly rounded.
   """
+  frequencies = rope_frequencies(head_dim, base)
+  if num_positions is None:
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * frequencies
+    return jnp.cos(angles), jnp.sin(angles)
+  angles = (np.arange(num_positions, dtype=np.float32)[:, None] * frequencies).astype(np.float64)
+  positions = jnp.asarray(positions)
+  rows = jnp.where(positions < 0, num_positions, positions)  # take() would wrap a negative one.
+  return tuple(jnp.take(np.asarray(table, np.float32), rows, axis=0, mode="fill", fill_value=np.nan)
+               for table in (np.cos(angles), np.sin(angles)))
+
+
+def rotate(x, cos, sin):
+  """RoPE's rotation (half-split / GPT-NeoX layout) of x [..., L, H, Dh] by cos, sin [..., L, Dh / 2].
+
+  Computed in float32 (bf16 angles lose the position resolution at long L); the output has
+  x's shape and dtype.
+  """
+  cos, sin = cos[..., None, :], sin[..., None, :]  # Broadcast over heads.
+  # A split, not two slices: its gradient is one concatenation, not two zero-padded copies summed.
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def apply_rope(x, positions, base=10000.0):
+  """Rotary position embedding of x [..., L, H, Dh] (Dh even) at integer positions
+  broadcastable to x's leading dims, e.g. [L]; the model's rotation, at any position."""
   head_dim = x.shape[-1]
   if head_dim % 2:
     raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
-  half = head_dim // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # [..., L, half]
-  angles = angles[..., None, :]  # broadcast over heads
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  x32 = x.astype(jnp.float32)
-  # A split, not two slices: its gradient is one concatenation, not two zero-padded copies summed.
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
+  return rotate(x, *rope_cos_sin(positions, head_dim, base))
 
 
 def timestep_features(alpha, dim, max_period=10000.0):
@@ -121,14 +144,56 @@ def _modulate(x, shift, scale):
   return x * (1 + scale[:, None, :]) + shift[:, None, :]
 
 
-class _Einsum(nn.Module):
-  """x @ kernel by an einsum equation, no bias; the float32 kernel carries logical axis names.
+def _projection_dims(x_ndim: int, num_in: int):
+  """(token dims of x, its contracted dims): x [tokens..., *in] · kernel [*in, *out]."""
+  return tuple(range(x_ndim - num_in)), tuple(range(x_ndim - num_in, x_ndim))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def project(x, kernel, num_in: int):
+  """x [..., *in] · kernel [*in, *out] -> [..., *out], contracting x's last num_in dims.
+
+  The gradient is the matmul's own, with the kernel's gradient contracted over the token
+  dims of x and of the cotangent g directly, into the kernel's layout [*in, *out]. JAX's
+  transpose of an einsum computes it as g · x and transposes the result: XLA:CPU then
+  copied the larger g into a transposed layout, and the gradient back for the optimizer.
+  """
+  _, contracted = _projection_dims(x.ndim, num_in)
+  return jax.lax.dot_general(x, kernel, ((contracted, tuple(range(num_in))), ((), ())))
+
+
+def _project_forward(x, kernel, num_in):
+  return project(x, kernel, num_in), (x, kernel)
+
+
+def _project_backward(num_in, residuals, g):
+  x, kernel = residuals
+  tokens, _ = _projection_dims(x.ndim, num_in)
+  kernel_out = tuple(range(num_in, kernel.ndim))
+  g_out = tuple(range(len(tokens), g.ndim))
+  dx = jax.lax.dot_general(g, kernel, ((g_out, kernel_out), ((), ())))
+  dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
+  return dx, dkernel
+
+
+project.defvjp(_project_forward, _project_backward)
+
+_PROJECTION = "projection"  # The name remat's "save_dots" policy keeps `project`'s outputs by.
+
+
+def _named_projection(x, kernel, num_in):
+  return checkpoint_name(project(x, kernel, num_in), _PROJECTION)
+
+
+class _Projection(nn.Module):
+  """x [..., *in] -> [..., *out] by a float32 param "kernel" [*in, *out] (as nn.Dense's; no
+  bias) with logical axis names, contracting x's last num_in dims (`project`).
 
   (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
   named-axis constraint flax applies when it checks an existing param's shape.)
   """
-  equation: str
   shape: tuple
+  num_in: int
   names: tuple
   std: float
   dtype: jnp.dtype
@@ -137,7 +202,7 @@ class _Einsum(nn.Module):
   def __call__(self, x):
     x, kernel = nn.dtypes.promote_dtype(x, _kernel(self, self.shape, self.names, self.std),
                                         dtype=self.dtype)
-    return jnp.einsum(self.equation, x, kernel)
+    return _named_projection(x, kernel, self.num_in)
 
 
 class Attention(nn.Module):
@@ -145,26 +210,24 @@ class Attention(nn.Module):
   num_heads: int
   causal: bool
   out_std: float
-  rope_base: float
   dtype: jnp.dtype
   implementation: str = "xla"
 
   @nn.compact
-  def __call__(self, x, mask=None, positions=None, segment_ids=None):
-    """x [B, L, D]; mask [B, 1, L, L] bool (True = may attend) or None; positions [B, L] or None;
-    segment_ids [B, L] or None (the splash kernel's form of the mask)."""
+  def __call__(self, x, rope, mask=None, segment_ids=None):
+    """x [B, L, D]; rope (cos, sin) [B or 1, L, Dh / 2] (`rope_cos_sin`); mask [B, 1, L, L] bool
+    (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of the mask)."""
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
-    qkv = _Einsum("bld,dthk->blthk", (model_dim, 3, self.num_heads, head_dim),
-                  ("embed", "qkv", "heads", "head_dim"), _INIT_STD, self.dtype, name="qkv")(x)
-    if positions is None:
-      positions = jnp.arange(x.shape[1])
-    # RoPE rotates q and k together ([B, L, 2, H, Dh], positions broadcast over the pair): one
+    qkv = _Projection((model_dim, 3, self.num_heads, head_dim), 1,
+                      ("embed", "qkv", "heads", "head_dim"), _INIT_STD, self.dtype, name="qkv")(x)
+    # RoPE rotates q and k together ([B, L, 2, H, Dh], cos and sin broadcast over the pair): one
     # pass instead of two (the 4x256 step: 6% faster). Split and unstacked, not indexed: the
     # gradient is one concatenation, not zero-padded copies summed.
     qk, v = jnp.split(qkv, [2], axis=2)
-    qk = apply_rope(qk, jnp.asarray(positions)[..., None], self.rope_base)
+    cos, sin = rope
+    qk = rotate(qk, cos[:, :, None], sin[:, :, None])
     q, k = (_constrain(a, _HEADS) for a in jnp.unstack(qk, axis=2))  # each [B, L, H, Dh]
     v = _constrain(v[:, :, 0], _HEADS)
     # With a mask and causal both, attention is allowed where the mask is True and causality holds.
@@ -176,8 +239,8 @@ class Attention(nn.Module):
     else:
       out = softmax_attention(q, k, v, mask, self.causal)
     out = _constrain(out, _HEADS)
-    return _Einsum("blhk,hkd->bld", (self.num_heads, head_dim, model_dim),
-                   ("heads", "head_dim", "embed"), self.out_std, self.dtype, name="out")(out)
+    return _Projection((self.num_heads, head_dim, model_dim), 2, ("heads", "head_dim", "embed"),
+                       self.out_std, self.dtype, name="out")(out)
 
 
 class _Kernel(nn.Module):
@@ -206,12 +269,11 @@ class SwiGLU(nn.Module):
     kernels = [_Kernel((model_dim, self.mlp_dim), ("embed", "mlp"), _INIT_STD, name=name)()
                for name in ("gate", "up")]
     x, gate_up = nn.dtypes.promote_dtype(x, jnp.stack(kernels, axis=1), dtype=self.dtype)
-    gate, up = jnp.unstack(jnp.einsum("bld,dtf->bltf", x, gate_up), axis=2)
+    gate, up = jnp.unstack(_named_projection(x, gate_up, 1), axis=2)
     activation = nn.silu if self.gate == "swiglu" else nn.sigmoid
     hidden = _constrain(activation(gate) * up, ("batch", "length", "mlp"))
-    return nn.Dense(model_dim, use_bias=False, dtype=self.dtype, param_dtype=jnp.float32,
-                    kernel_init=_init(nn.initializers.normal(self.out_std), ("mlp", "embed")),
-                    name="down")(hidden)
+    return _Projection((self.mlp_dim, model_dim), 1, ("mlp", "embed"), self.out_std, self.dtype,
+                       name="down")(hidden)
 
 
 def _norm(kind, dtype, name):
@@ -227,21 +289,21 @@ class Block(nn.Module):
   mlp_dim: int
   causal: bool
   out_std: float
-  rope_base: float
   dtype: jnp.dtype
   attention: str = "xla"
   norm: str = "rms"
   mlp: str = "swiglu"
 
   @nn.compact
-  def __call__(self, x, cond=None, mask=None, positions=None, segment_ids=None):
+  def __call__(self, x, cond, mask, rope, segment_ids=None):
+    """x [B, L, D]; cond [B, D] or None; mask, rope and segment_ids as Attention takes them."""
     model_dim = x.shape[-1]
     norm = lambda name: _norm(self.norm, self.dtype, name)
-    attn = Attention(self.num_heads, self.causal, self.out_std, self.rope_base,
-                     self.dtype, self.attention, name="attn")
+    attn = Attention(self.num_heads, self.causal, self.out_std, self.dtype, self.attention,
+                     name="attn")
     mlp = SwiGLU(self.mlp_dim, self.out_std, self.dtype, self.mlp, name="mlp")
     if cond is None:
-      x = x + attn(norm("attn_norm")(x), mask, positions, segment_ids)
+      x = x + attn(norm("attn_norm")(x), rope, mask, segment_ids)
       return _constrain(x + mlp(norm("mlp_norm")(x)), _HIDDEN)
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
@@ -251,7 +313,7 @@ class Block(nn.Module):
                    name="adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
     x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1),
-                                     mask, positions, segment_ids)
+                                     rope, mask, segment_ids)
     x = x + gate2[:, None, :] * mlp(_modulate(norm("mlp_norm")(x), shift2, scale2))
     return _constrain(x, _HIDDEN)
 
@@ -262,13 +324,18 @@ class _ScannedBlock(nn.Module):
   kwargs: dict
 
   @nn.compact
-  def __call__(self, x, cond, mask, positions, segment_ids):
-    return self.block(**self.kwargs, name="block")(x, cond, mask, positions, segment_ids), None
+  def __call__(self, x, cond, mask, rope, segment_ids):
+    return self.block(**self.kwargs, name="block")(x, cond, mask, rope, segment_ids), None
 
 
 def _remat_policy(remat: str):
-  """jax.checkpoint policy: "full" saves nothing, "save_dots" keeps the weight matmuls' outputs."""
-  return None if remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  """jax.checkpoint policy: "full" saves nothing, "save_dots" keeps the weight matmuls' outputs
+  (`project`'s by name: a policy does not see the matmul inside a custom_vjp)."""
+  if remat == "full":
+    return None
+  policies = jax.checkpoint_policies
+  return policies.save_from_both_policies(policies.dots_with_no_batch_dims_saveable,
+                                          policies.save_only_these_names(_PROJECTION))
 
 
 class Transformer(nn.Module):
@@ -318,24 +385,24 @@ class Transformer(nn.Module):
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
-  def _blocks(self, x, cond, mask, positions, segment_ids):
+  def _blocks(self, x, cond, mask, rope, segment_ids):
     # Matrices writing into the residual stream are scaled down with depth so
     # the stream's variance at init does not grow with num_layers (GPT-2).
     kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
-                  out_std=_INIT_STD / math.sqrt(2 * self.num_layers), rope_base=self.rope_base,
-                  dtype=self.dtype, attention=self.attention, norm=self.norm, mlp=self.mlp)
+                  out_std=_INIT_STD / math.sqrt(2 * self.num_layers), dtype=self.dtype,
+                  attention=self.attention, norm=self.norm, mlp=self.mlp)
     block = Block
     if self.remat != "none":
       # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
       block = nn.remat(Block, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers)
     if not self.scan_layers:
       for i in range(self.num_layers):
-        x = block(**kwargs, name=f"block_{i}")(x, cond, mask, positions, segment_ids)
+        x = block(**kwargs, name=f"block_{i}")(x, cond, mask, rope, segment_ids)
       return x
     scanned = nn.scan(_ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=(nn.broadcast,) * 4, length=self.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = scanned(block, kwargs, name="blocks")(x, cond, mask, positions, segment_ids)
+    x, _ = scanned(block, kwargs, name="blocks")(x, cond, mask, rope, segment_ids)
     return x
 
   @nn.compact
@@ -344,7 +411,7 @@ class Transformer(nn.Module):
 
     segment_ids [B, L] int (1, 2, ... per packed document, 0 = padding) or None:
     given, a position attends only to positions of its own nonzero segment.
-    positions [B, L] int (restarting per document) or None (0 .. L-1) feed RoPE.
+    positions [B, L] int in [0, L) (restarting per document) or None (0 .. L-1) feed RoPE.
     """
     self._check_config(alpha)
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
@@ -360,6 +427,13 @@ class Transformer(nn.Module):
     if positions is not None and jnp.shape(positions) != tokens.shape:
       raise ValueError(f"positions must have the tokens' shape {tokens.shape}, "
                        f"got {jnp.shape(positions)}")
+    if positions is not None and not isinstance(positions, jax.core.Tracer):
+      # Traced positions out of range give NaN logits (rope_cos_sin); known ones are refused here.
+      known = np.asarray(positions)
+      outside = known[(known < 0) | (known >= tokens.shape[1])]
+      if outside.size:
+        raise ValueError(f"positions must lie in [0, {tokens.shape[1]}) (the sequence length), "
+                         f"got {outside.ravel()[:5].tolist()}")
     dense_init = nn.initializers.normal(_INIT_STD)
 
     # V + 1 rows: the extra row is the mask token (input only).
@@ -385,7 +459,11 @@ class Transformer(nn.Module):
       # Every modulation Dense consumes silu(c), as in DiT; compute it once.
       cond = nn.silu(c)
 
-    x = self._blocks(x, cond, mask, positions, segment_ids)
+    # RoPE's cos and sin, once for every layer: [B, L, Dh / 2], or [1, L, Dh / 2] by default.
+    length, head_dim = tokens.shape[1], self.model_dim // self.num_heads
+    rope = rope_cos_sin(np.arange(length)[None] if positions is None else positions, head_dim,
+                        self.rope_base, num_positions=length)
+    x = self._blocks(x, cond, mask, rope, segment_ids)
 
     x = _norm(self.norm, self.dtype, "final_norm")(x)
     if cond is not None:

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token,
-                          segment_attention_mask, softmax_attention, splash_attention,
+from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token, project,
+                          rope_cos_sin, segment_attention_mask, softmax_attention, splash_attention,
                           splash_block_size)
 
 V, B, L = 11, 2, 8
@@ -127,6 +127,48 @@ def test_rope_relative_position():
   assert apply_rope(q.astype(jnp.bfloat16), jnp.array([7])).dtype == jnp.bfloat16
 
 
+def test_rope_table_gives_the_computed_rotation():
+  positions = jnp.asarray([[0, 5, 127, 64], [3, 3, 1, 100]], jnp.int32)
+  looked_up = rope_cos_sin(positions, 64, num_positions=128)
+  computed = rope_cos_sin(positions, 64)
+  for table, direct in zip(looked_up, computed):
+    assert table.shape == direct.shape == (2, 4, 32)
+    np.testing.assert_allclose(np.asarray(table), np.asarray(direct), rtol=0, atol=2e-6)
+  # The angle of position 127 at the slowest frequency is small, at the fastest large.
+  assert float(looked_up[0][0, 2, 0]) != float(looked_up[0][0, 2, -1])
+  # Out of range, under jit: NaN, never the angle of another position.
+  outside = jax.jit(lambda p: rope_cos_sin(p, 64, num_positions=128))(jnp.asarray([0, -1, 128]))
+  assert np.isfinite(np.asarray(outside[0][0])).all()
+  assert np.isnan(np.asarray(outside[0][1:])).all() and np.isnan(np.asarray(outside[1][1:])).all()
+
+
+def test_positions_outside_the_sequence_are_refused():
+  model = _model()
+  params = init(model, jax.random.key(0), _tokens())
+  for bad in (L, -1):
+    positions = jnp.zeros((B, L), jnp.int32).at[1, 3].set(bad)
+    with pytest.raises(ValueError, match=rf"positions must lie in \[0, {L}\).*{bad}"):
+      model.apply(params, _tokens(), None, None, positions)
+
+
+@pytest.mark.parametrize("equation, x_shape, kernel_shape, num_in", [
+    ("bld,dthk->blthk", (2, 5, 6), (6, 3, 2, 4), 1),
+    ("blhk,hkd->bld", (2, 5, 3, 4), (3, 4, 6), 2),
+])
+def test_projection_gradients_are_the_einsums(equation, x_shape, kernel_shape, num_in):
+  kx, kk, kc = jax.random.split(jax.random.key(0), 3)
+  x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
+  out_shape = jnp.einsum(equation, x, kernel).shape
+  cotangent = jax.random.normal(kc, out_shape)
+  ours = jax.jit(jax.grad(lambda x, w: jnp.sum(project(x, w, num_in) * cotangent), (0, 1)))(x, kernel)
+  einsum = jax.grad(lambda x, w: jnp.sum(jnp.einsum(equation, x, w) * cotangent), (0, 1))(x, kernel)
+  np.testing.assert_allclose(np.asarray(project(x, kernel, num_in)),
+                             np.asarray(jnp.einsum(equation, x, kernel)), rtol=1e-5, atol=1e-5)
+  for got, want in zip(ours, einsum):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _reference_forward(params, tokens, positions, causal):
   """The plain Transformer from its params: one matmul per kernel (W_gate and W_up apart), RoPE
   on q and k one at a time as a complex rotation, jax.nn attention. Pins the model's fused forms."""
@@ -160,7 +202,7 @@ def test_forward_matches_the_plain_reference(causal):
   model = _model(causal=causal)
   tokens = _tokens()
   params = _perturb(init(model, jax.random.key(0), tokens), scale=0.3)
-  positions = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6], list(range(8))], jnp.int32)
+  positions = jnp.asarray([[3, 1, 4, 1, 5, 7, 2, 6], list(range(8))], jnp.int32)
   expected = _reference_forward(params, tokens, positions, causal)
   out = model.apply(params, tokens, None, None, positions)
   assert float(jnp.std(expected)) > 0.1  # Not a near-constant function.
@@ -309,6 +351,20 @@ def test_remat_and_scan_equal_the_plain_model(remat, scan_layers, time_condition
   # A different op order: float32 rounding, relative to each leaf's scale.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()),
                variant_grads, expected)
+
+
+def test_save_dots_recomputes_no_weight_matmul():
+  """remat="save_dots" keeps the weight matmuls' outputs (project's by name): the gradient costs
+  the FLOPs of no remat, and full remat more."""
+  tokens = _tokens()
+  def grad_flops(remat):
+    model = _model(num_layers=2, model_dim=64, mlp_dim=256, remat=remat)
+    params = init(model, jax.random.key(1), tokens)["params"]
+    grad = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, tokens) ** 2))
+    return jax.jit(grad).lower(params).compile().cost_analysis()["flops"]
+  none, save_dots, full = grad_flops("none"), grad_flops("save_dots"), grad_flops("full")
+  assert full > 1.2 * none
+  assert save_dots < 1.02 * none, (save_dots, none)
 
 
 def test_scanned_params_carry_a_layers_axis():
