@@ -154,9 +154,9 @@ def project(x, kernel, num_in: int):
   """x [..., *in] · kernel [*in, *out] -> [..., *out], contracting x's last num_in dims.
 
   The gradient is the matmul's own, with the kernel's gradient contracted over the token
-  dims of x and of the cotangent g directly, into the kernel's layout [*in, *out]. JAX's
-  transpose of an einsum computes it as g · x and transposes the result: XLA:CPU then
-  copied the larger g into a transposed layout, and the gradient back for the optimizer.
+  dims of x and of the cotangent g directly. JAX's transpose of an einsum computes it as
+  g · x and transposes the result: XLA:CPU then copied g into a transposed layout even when
+  it was the larger operand, and the gradient back for the optimizer.
   """
   _, contracted = _projection_dims(x.ndim, num_in)
   return jax.lax.dot_general(x, kernel, ((contracted, tuple(range(num_in))), ((), ())))
@@ -169,10 +169,14 @@ def _project_forward(x, kernel, num_in):
 def _project_backward(num_in, residuals, g):
   x, kernel = residuals
   tokens, _ = _projection_dims(x.ndim, num_in)
-  kernel_out = tuple(range(num_in, kernel.ndim))
-  g_out = tuple(range(len(tokens), g.ndim))
-  dx = jax.lax.dot_general(g, kernel, ((g_out, kernel_out), ((), ())))
-  dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
+  num_out = kernel.ndim - num_in
+  dx = jax.lax.dot_general(g, kernel, ((tuple(range(len(tokens), g.ndim)),
+                                        tuple(range(num_in, kernel.ndim))), ((), ())))
+  if math.prod(kernel.shape[num_in:]) >= math.prod(kernel.shape[:num_in]):
+    dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
+  else:  # XLA:CPU copies the token-major operand it contracts first: let it be the smaller g.
+    dkernel_t = jax.lax.dot_general(g, x, ((tokens, tokens), ((), ())))  # [*out, *in]
+    dkernel = jnp.transpose(dkernel_t, tuple(range(num_out, kernel.ndim)) + tuple(range(num_out)))
   return dx, dkernel
 
 
@@ -243,17 +247,6 @@ class Attention(nn.Module):
                        self.out_std, self.dtype, name="out")(out)
 
 
-class _Kernel(nn.Module):
-  """A float32 kernel param named "kernel" (as nn.Dense's), with logical axis names."""
-  shape: tuple
-  names: tuple
-  std: float
-
-  @nn.compact
-  def __call__(self):
-    return _kernel(self, self.shape, self.names, self.std)
-
-
 class SwiGLU(nn.Module):
   """Gated MLP: W_down(silu(x W_gate) * (x W_up)), or with a sigmoid gate; no biases."""
   mlp_dim: int
@@ -264,12 +257,10 @@ class SwiGLU(nn.Module):
   @nn.compact
   def __call__(self, x):
     model_dim = x.shape[-1]
-    # W_gate and W_up (params gate/kernel, up/kernel) in one matmul, [D, 2, F]. As two matmuls,
-    # XLA:CPU fused the gate's gradient into a transposing copy: the default step took 1.4x as long.
-    kernels = [_Kernel((model_dim, self.mlp_dim), ("embed", "mlp"), _INIT_STD, name=name)()
-               for name in ("gate", "up")]
-    x, gate_up = nn.dtypes.promote_dtype(x, jnp.stack(kernels, axis=1), dtype=self.dtype)
-    gate, up = jnp.unstack(_named_projection(x, gate_up, 1), axis=2)
+    # W_gate and W_up as two matmuls (`project`): stacked into one [D, 2, F] kernel, every step
+    # copied both kernels and concatenated the two gradients (4x256 step: 4% slower).
+    gate, up = (_Projection((model_dim, self.mlp_dim), 1, ("embed", "mlp"), _INIT_STD, self.dtype,
+                            name=name)(x) for name in ("gate", "up"))
     activation = nn.silu if self.gate == "swiglu" else nn.sigmoid
     hidden = _constrain(activation(gate) * up, ("batch", "length", "mlp"))
     return _Projection((self.mlp_dim, model_dim), 1, ("mlp", "embed"), self.out_std, self.dtype,
