@@ -8,9 +8,11 @@ text8 at a CPU-sized batch unless --batch_size says otherwise) and three
 text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256); the text8 sizes
 run in float32 on 2 CPU devices with freed memory reused (benchmark_config). The step is
-compiled once, then timed over --steps steps on random tokens, best of
---rounds. Each round also times a 2048x2048 float32 matmul (best round kept), so the
-achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
+compiled once, run --warmup_steps times untimed (with freed memory reused, the heap grows
+over the first steps until enough freed blocks exist; 4x256's first 10 steps took 0.40 s
+each, then 0.25), then timed over --steps steps on random tokens, best of --rounds (every
+round's time is in the JSON). Each round also times a 2048x2048 float32 matmul (best round
+kept), so the achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
 Like md4jax.main, it makes glibc reuse freed memory (md4jax.allocator) when the
 config's reuse_freed_host_memory is set; --[no]reuse_freed_host_memory overrides it.
 It splits the CPU into the config's cpu_devices devices as md4jax.main does
@@ -70,6 +72,7 @@ _SIZE = flags.DEFINE_enum("size", "default", list(SIZES), "Model size.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the size's.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round (after one compile step).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
+_WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after the compile step.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
 _TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
 _REUSE_MEMORY = flags.DEFINE_bool(
@@ -254,6 +257,12 @@ def main(argv):
   if _TRACE.value:  # On a copy of the state: the step donates the state it is given.
     traced = traced_op_seconds(step_fn, jax.tree.map(jnp.copy, state), batches[0], _STEPS.value)
 
+  in_flight = []
+  for i in range(_WARMUP_STEPS.value):
+    state, metrics = step_fn(state, batches[i % 2])
+    train.bound_in_flight(in_flight, metrics)
+  jax.block_until_ready((state, metrics))
+
   matmul, matmul_args, matmul_flops = matmul_reference()
   step_seconds, matmul_seconds, part_seconds = [], [], {name: [] for name in parts}
   for _ in range(_ROUNDS.value):  # Alternating rounds: load changes hit every part alike.
@@ -285,8 +294,10 @@ def main(argv):
       "reuse_freed_host_memory": reused_memory,
       "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
       "compile_seconds": round(compile_seconds, 2),
+      "warmup_steps": _WARMUP_STEPS.value,
       "timed_steps": _STEPS.value * _ROUNDS.value,
       "seconds_per_step": seconds,
+      "seconds_per_step_rounds": step_seconds,
       "tokens_per_second": tokens / seconds,
       "achieved_gflops_per_second": achieved,
       "flop_formula": _FLOP_FORMULA,
