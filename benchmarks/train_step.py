@@ -70,7 +70,7 @@ SIZES = {
 
 _SIZE = flags.DEFINE_enum("size", "default", list(SIZES), "Model size.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the size's.")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round (after one compile step).")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round, after compile and warm-up.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after the compile step.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")

@@ -50,17 +50,17 @@ def _constrain(x, names):
 def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
   """RoPE's float32 frequencies [Dh / 2]: frequency i is base**(-2i/Dh)."""
   half = head_dim // 2
-  return (np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))).astype(np.float32)
+  return np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
 
 
 def rope_cos_sin(positions, head_dim: int, base: float = 10000.0, num_positions=None):
-  """cos and sin of RoPE's angles position · frequency, float32 [..., Dh / 2] for integer positions.
+  """cos and sin of RoPE's angles position · frequency, float32 [..., Dh / 2], at positions.
 
   With num_positions, they are looked up in a table of positions 0 .. num_positions − 1
   computed on the host (out-of-range positions give NaN, never a silent wrong angle): cos and
   sin evaluated in the network are fused by XLA:CPU into every layer's rotation and recomputed
-  for each query, key and head. The table holds cos and sin of the same float32 angles,
-  correctly rounded.
+  for each query, key and head. The table holds the float64 cos and sin of the same float32
+  angles, rounded to float32 (within an ulp of the exact values).
   """
   frequencies = rope_frequencies(head_dim, base)
   if num_positions is None:
@@ -69,12 +69,13 @@ def rope_cos_sin(positions, head_dim: int, base: float = 10000.0, num_positions=
   angles = (np.arange(num_positions, dtype=np.float32)[:, None] * frequencies).astype(np.float64)
   positions = jnp.asarray(positions)
   rows = jnp.where(positions < 0, num_positions, positions)  # take() would wrap a negative one.
-  return tuple(jnp.take(np.asarray(table, np.float32), rows, axis=0, mode="fill", fill_value=np.nan)
-               for table in (np.cos(angles), np.sin(angles)))
+  tables = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+  return tuple(jnp.take(table, rows, axis=0, mode="fill", fill_value=np.nan) for table in tables)
 
 
 def rotate(x, cos, sin):
-  """RoPE's rotation (half-split / GPT-NeoX layout) of x [..., L, H, Dh] by cos, sin [..., L, Dh / 2].
+  """RoPE's rotation (half-split / GPT-NeoX layout) of x [..., L, H, Dh] by cos and sin
+  [..., L, Dh / 2] (`rope_cos_sin`).
 
   Computed in float32 (bf16 angles lose the position resolution at long L); the output has
   x's shape and dtype.
@@ -87,7 +88,8 @@ def rotate(x, cos, sin):
 
 def apply_rope(x, positions, base=10000.0):
   """Rotary position embedding of x [..., L, H, Dh] (Dh even) at integer positions
-  broadcastable to x's leading dims, e.g. [L]; the model's rotation, at any position."""
+  broadcastable to x's leading dims, e.g. [L], at any position (cos and sin evaluated by
+  XLA: the model's table to within float32 rounding)."""
   head_dim = x.shape[-1]
   if head_dim % 2:
     raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
@@ -153,10 +155,11 @@ def _projection_dims(x_ndim: int, num_in: int):
 def project(x, kernel, num_in: int):
   """x [..., *in] · kernel [*in, *out] -> [..., *out], contracting x's last num_in dims.
 
-  The gradient is the matmul's own, with the kernel's gradient contracted over the token
-  dims of x and of the cotangent g directly. JAX's transpose of an einsum computes it as
-  g · x and transposes the result: XLA:CPU then copied g into a transposed layout even when
-  it was the larger operand, and the gradient back for the optimizer.
+  The gradient is the matmul's own. The kernel's is x · g contracted over the token dims,
+  computed as g · x and transposed when the kernel's output is the smaller side: XLA:CPU
+  copies the operand it contracts first into a transposed layout, so that is the smaller of
+  x and g. (JAX's transpose of an einsum always computes g · x and transposes it: the larger
+  g was copied, and the gradient again for the optimizer.) Reverse mode only, as a custom_vjp.
   """
   _, contracted = _projection_dims(x.ndim, num_in)
   return jax.lax.dot_general(x, kernel, ((contracted, tuple(range(num_in))), ((), ())))
@@ -174,10 +177,10 @@ def _project_backward(num_in, residuals, g):
                                         tuple(range(num_in, kernel.ndim))), ((), ())))
   if math.prod(kernel.shape[num_in:]) >= math.prod(kernel.shape[:num_in]):
     dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
-  else:  # XLA:CPU copies the token-major operand it contracts first: let it be the smaller g.
+  else:
     dkernel_t = jax.lax.dot_general(g, x, ((tokens, tokens), ((), ())))  # [*out, *in]
     dkernel = jnp.transpose(dkernel_t, tuple(range(num_out, kernel.ndim)) + tuple(range(num_out)))
-  return dx, dkernel
+  return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
 
 
 project.defvjp(_project_forward, _project_backward)
@@ -219,8 +222,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, rope, mask=None, segment_ids=None):
-    """x [B, L, D]; rope (cos, sin) [B or 1, L, Dh / 2] (`rope_cos_sin`); mask [B, 1, L, L] bool
-    (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of the mask)."""
+    """x [B, L, D]; rope (cos, sin) [B or 1, L, Dh / 2] (`rope_cos_sin`); mask [B, 1, L, L]
+    bool (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of
+    the mask)."""
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
