@@ -2,10 +2,9 @@ r"""The embedded default: a masked diffusion LM learns a generated Markov langua
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
 
-Trains, evaluates and samples in 1½ to 2½ minutes on 2 CPU cores (100 s on an AVX-512 EPYC; before the
-discrete-time bounds' draws went from 16 to 4, 86 s on an AVX-512 Xeon and 145 s on an AVX2 EPYC), then
-prints the NELBO in bits/token ± its standard error, the language's exact entropy and the gap between
-them in %.
+Trains, evaluates and samples in 1½ to 2½ minutes on 2 CPU cores (88–91 s on an AVX-512 Xeon; with
+earlier code, 100 s on an AVX-512 EPYC and 145 s on an AVX2 EPYC: README), then prints the NELBO in
+bits/token ± its standard error, the language's exact entropy and the gap between them in %.
 """
 
 from md4jax import config_lib
