@@ -8,7 +8,6 @@ Every param and the main activations carry logical axis names ("embed",
 "heads", "mlp", ...); `md4jax.sharding` maps them to mesh axes. Without a
 mesh in context the names change nothing.
 """
-import functools
 import math
 
 import chex
@@ -16,8 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
+from md4jax.projection import PROJECTION, named_projection
+from md4jax.rope import rope_cos_sin, rotate
 from md4jax.splash import splash_attention, splash_block_size  # Re-exported: callers know them here.
 
 ATTENTIONS = ("xla", "cudnn", "splash")
@@ -45,55 +45,6 @@ def _kernel(module: nn.Module, shape: tuple, names: tuple, std: float):
 
 def _constrain(x, names):
   return nn.with_logical_constraint(x, names)
-
-
-def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
-  """RoPE's float32 frequencies [Dh / 2]: frequency i is base**(-2i/Dh)."""
-  half = head_dim // 2
-  return np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
-
-
-def rope_cos_sin(positions, head_dim: int, base: float = 10000.0, num_positions=None):
-  """cos and sin of RoPE's angles position · frequency, float32 [..., Dh / 2], at positions.
-
-  With num_positions, they are looked up in a table of positions 0 .. num_positions − 1
-  computed on the host (out-of-range positions give NaN, never a silent wrong angle): cos and
-  sin evaluated in the network are fused by XLA:CPU into every layer's rotation and recomputed
-  for each query, key and head. The table holds the float64 cos and sin of the same float32
-  angles, rounded to float32 (within an ulp of the exact values).
-  """
-  frequencies = rope_frequencies(head_dim, base)
-  if num_positions is None:
-    angles = jnp.asarray(positions, jnp.float32)[..., None] * frequencies
-    return jnp.cos(angles), jnp.sin(angles)
-  angles = (np.arange(num_positions, dtype=np.float32)[:, None] * frequencies).astype(np.float64)
-  positions = jnp.asarray(positions)
-  rows = jnp.where(positions < 0, num_positions, positions)  # take() would wrap a negative one.
-  tables = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
-  return tuple(jnp.take(table, rows, axis=0, mode="fill", fill_value=np.nan) for table in tables)
-
-
-def rotate(x, cos, sin):
-  """RoPE's rotation (half-split / GPT-NeoX layout) of x [..., L, H, Dh] by cos and sin
-  [..., L, Dh / 2] (`rope_cos_sin`).
-
-  Computed in float32 (bf16 angles lose the position resolution at long L); the output has
-  x's shape and dtype.
-  """
-  cos, sin = cos[..., None, :], sin[..., None, :]  # Broadcast over heads.
-  # A split, not two slices: its gradient is one concatenation, not two zero-padded copies summed.
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def apply_rope(x, positions, base=10000.0):
-  """Rotary position embedding of x [..., L, H, Dh] (Dh even) at integer positions
-  broadcastable to x's leading dims, e.g. [L], at any position (cos and sin evaluated by
-  XLA: the model's table to within float32 rounding)."""
-  head_dim = x.shape[-1]
-  if head_dim % 2:
-    raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
-  return rotate(x, *rope_cos_sin(positions, head_dim, base))
 
 
 def timestep_features(alpha, dim, max_period=10000.0):
@@ -146,55 +97,9 @@ def _modulate(x, shift, scale):
   return x * (1 + scale[:, None, :]) + shift[:, None, :]
 
 
-def _projection_dims(x_ndim: int, num_in: int):
-  """(token dims of x, its contracted dims): x [tokens..., *in] · kernel [*in, *out]."""
-  return tuple(range(x_ndim - num_in)), tuple(range(x_ndim - num_in, x_ndim))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def project(x, kernel, num_in: int):
-  """x [..., *in] · kernel [*in, *out] -> [..., *out], contracting x's last num_in dims.
-
-  The gradient is the matmul's own. The kernel's is x · g contracted over the token dims,
-  computed as g · x and transposed when the kernel's output is the smaller side: XLA:CPU
-  copies the operand it contracts first into a transposed layout, so that is the smaller of
-  x and g. (JAX's transpose of an einsum always computes g · x and transposes it: the larger
-  g was copied, and the gradient again for the optimizer.) Reverse mode only, as a custom_vjp.
-  """
-  _, contracted = _projection_dims(x.ndim, num_in)
-  return jax.lax.dot_general(x, kernel, ((contracted, tuple(range(num_in))), ((), ())))
-
-
-def _project_forward(x, kernel, num_in):
-  return project(x, kernel, num_in), (x, kernel)
-
-
-def _project_backward(num_in, residuals, g):
-  x, kernel = residuals
-  tokens, _ = _projection_dims(x.ndim, num_in)
-  num_out = kernel.ndim - num_in
-  dx = jax.lax.dot_general(g, kernel, ((tuple(range(len(tokens), g.ndim)),
-                                        tuple(range(num_in, kernel.ndim))), ((), ())))
-  if math.prod(kernel.shape[num_in:]) >= math.prod(kernel.shape[:num_in]):
-    dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
-  else:
-    dkernel_t = jax.lax.dot_general(g, x, ((tokens, tokens), ((), ())))  # [*out, *in]
-    dkernel = jnp.transpose(dkernel_t, tuple(range(num_out, kernel.ndim)) + tuple(range(num_out)))
-  return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
-
-
-project.defvjp(_project_forward, _project_backward)
-
-_PROJECTION = "projection"  # The name remat's "save_dots" policy keeps `project`'s outputs by.
-
-
-def _named_projection(x, kernel, num_in):
-  return checkpoint_name(project(x, kernel, num_in), _PROJECTION)
-
-
 class _Projection(nn.Module):
   """x [..., *in] -> [..., *out] by a float32 param "kernel" [*in, *out] (as nn.Dense's; no
-  bias) with logical axis names, contracting x's last num_in dims (`project`).
+  bias) with logical axis names, contracting x's last num_in dims (`projection.project`).
 
   (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
   named-axis constraint flax applies when it checks an existing param's shape.)
@@ -209,7 +114,7 @@ class _Projection(nn.Module):
   def __call__(self, x):
     x, kernel = nn.dtypes.promote_dtype(x, _kernel(self, self.shape, self.names, self.std),
                                         dtype=self.dtype)
-    return _named_projection(x, kernel, self.num_in)
+    return named_projection(x, kernel, self.num_in)
 
 
 class Attention(nn.Module):
@@ -330,7 +235,7 @@ def _remat_policy(remat: str):
     return None
   policies = jax.checkpoint_policies
   return policies.save_from_both_policies(policies.dots_with_no_batch_dims_saveable,
-                                          policies.save_only_these_names(_PROJECTION))
+                                          policies.save_only_these_names(PROJECTION))
 
 
 class Transformer(nn.Module):

@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax.model import (Transformer, apply_rope, count_params, flops_per_token, project,
-                          rope_cos_sin, segment_attention_mask, softmax_attention, splash_attention,
-                          splash_block_size)
+from md4jax.model import (Transformer, count_params, flops_per_token, segment_attention_mask,
+                          softmax_attention, splash_attention, splash_block_size)
 
 V, B, L = 11, 2, 8
 
@@ -106,45 +105,6 @@ def test_none_conditioning_ignores_alpha():
                                 np.asarray(model.apply(params, tokens, _alpha(0.5))))
 
 
-def test_rope_relative_position():
-  dh = 16
-  kq, kk = jax.random.split(jax.random.key(0))
-  q = jax.random.normal(kq, (1, 1, dh))  # [L=1, H=1, Dh]
-  k = jax.random.normal(kk, (1, 1, dh))
-
-  def score(m, n):
-    return jnp.sum(apply_rope(q, jnp.array([m])) * apply_rope(k, jnp.array([n])))
-
-  # Same offset m - n at different absolute positions -> same score.
-  np.testing.assert_allclose(score(3, 1), score(103, 101), rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(score(0, 0), score(57, 57), rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(score(0, 0), jnp.sum(q * k), rtol=1e-5, atol=1e-5)
-  # A different offset gives a different score (the test is not vacuous).
-  assert abs(float(score(3, 1) - score(1, 3))) > 1e-3
-  # Rotation preserves norms; output dtype follows input.
-  x = apply_rope(q, jnp.array([7]))
-  np.testing.assert_allclose(jnp.linalg.norm(x), jnp.linalg.norm(q), rtol=1e-5)
-  assert apply_rope(q.astype(jnp.bfloat16), jnp.array([7])).dtype == jnp.bfloat16
-
-
-def test_rope_table_gives_the_computed_rotation():
-  positions = jnp.asarray([[0, 5, 127, 64], [3, 3, 1, 100]], jnp.int32)
-  looked_up = rope_cos_sin(positions, 64, num_positions=128)
-  computed = rope_cos_sin(positions, 64)
-  # The table: float64 cos and sin of the float32 angles, within an ulp.
-  frequencies = 10000.0 ** (-np.arange(32, dtype=np.float32) / np.float32(32))
-  angles = (np.asarray(positions, np.float32)[..., None] * frequencies).astype(np.float64)
-  for table, direct, exact in zip(looked_up, computed, (np.cos(angles), np.sin(angles))):
-    assert table.shape == direct.shape == (2, 4, 32)
-    ulp = np.spacing(np.abs(exact).astype(np.float32))
-    assert np.all(np.abs(np.asarray(table, np.float64) - exact) <= ulp)
-    np.testing.assert_allclose(np.asarray(table), np.asarray(direct), rtol=0, atol=2e-6)
-  # Out of range, under jit: NaN, never the angle of another position.
-  outside = jax.jit(lambda p: rope_cos_sin(p, 64, num_positions=128))(jnp.asarray([0, -1, 128]))
-  assert np.isfinite(np.asarray(outside[0][0])).all()
-  assert np.isnan(np.asarray(outside[0][1:])).all() and np.isnan(np.asarray(outside[1][1:])).all()
-
-
 def test_positions_outside_the_sequence_are_refused():
   model = _model()
   params = init(model, jax.random.key(0), _tokens())
@@ -152,31 +112,6 @@ def test_positions_outside_the_sequence_are_refused():
     positions = jnp.zeros((B, L), jnp.int32).at[1, 3].set(bad)
     with pytest.raises(ValueError, match=rf"positions must lie in \[0, {L}\).*{bad}"):
       model.apply(params, _tokens(), None, None, positions)
-
-
-# The first kernel's output is its larger side (its gradient is x · g), the second's its
-# smaller (g · x, transposed).
-@pytest.mark.parametrize("equation, x_shape, kernel_shape, num_in", [
-    ("bld,dthk->blthk", (2, 5, 6), (6, 3, 2, 4), 1),
-    ("blhk,hkd->bld", (2, 5, 3, 4), (3, 4, 6), 2),
-])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_projection_gradients_are_the_einsums(equation, x_shape, kernel_shape, num_in, dtype):
-  kx, kk, kc = jax.random.split(jax.random.key(0), 3)
-  x, kernel = (jax.random.normal(k, shape).astype(dtype) for k, shape in ((kx, x_shape),
-                                                                         (kk, kernel_shape)))
-  cotangent = jax.random.normal(kc, jnp.einsum(equation, x, kernel).shape).astype(dtype)
-  ours = jax.jit(jax.grad(lambda x, w: jnp.sum(project(x, w, num_in) * cotangent), (0, 1)))(x, kernel)
-  einsum = jax.grad(lambda x, w: jnp.sum(jnp.einsum(equation, x, w) * cotangent), (0, 1))(x, kernel)
-  tolerance = 1e-5 if dtype == jnp.float32 else 5e-2
-  assert project(x, kernel, num_in).dtype == dtype
-  np.testing.assert_allclose(np.asarray(project(x, kernel, num_in), np.float32),
-                             np.asarray(jnp.einsum(equation, x, kernel), np.float32),
-                             rtol=tolerance, atol=tolerance)
-  for got, want in zip(ours, einsum):
-    assert got.shape == want.shape and got.dtype == want.dtype == dtype
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                               rtol=tolerance, atol=tolerance)
 
 
 def _reference_forward(params, tokens, positions, causal):
