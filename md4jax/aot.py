@@ -107,7 +107,8 @@ def _memory(compiled) -> dict:
   return memory
 
 
-def _flops(compiled) -> float:
+def compiled_flops(compiled) -> float:
+  """XLA's FLOP count of a compiled program (cost_analysis is a dict, or a list of one)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost["flops"])
@@ -117,7 +118,7 @@ def _summary(compiled, seconds: float, num_devices: int) -> dict:
   # XLA's own count, which sees each loop body (scanned layers, sampler steps) once.
   return {"compile_seconds": round(seconds, 2), "bytes_per_chip": _memory(compiled)["total"],
           "memory_breakdown": _memory(compiled),
-          "xla_cost_analysis_flops_all_chips": _flops(compiled) * num_devices}
+          "xla_cost_analysis_flops_all_chips": compiled_flops(compiled) * num_devices}
 
 
 def _train_step_compiled(config, mesh):
@@ -147,7 +148,7 @@ def _train_flops(config, devices) -> float:
     counted.mesh.data, counted.mesh.fsdp, counted.mesh.tensor = -1, 1, 1
     counted.batch_size, counted.training.grad_accum_steps = len(devices), 1
     mesh = sharding.make_mesh(counted, devices)
-    flops.append(_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
+    flops.append(compiled_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
   per_row = (flops[0] + (config.model.num_layers - 1) * (flops[1] - flops[0])) / len(devices)
   return per_row * config.batch_size
 
