@@ -48,9 +48,9 @@ class MarkovLanguage:
       marginal = marginal @ self.transition
     return float(total)
 
+  @functools.partial(jax.jit, static_argnums=0)  # One compile per shape, not one per op.
   def log_prob(self, x) -> Array:
     """Exact log p(x) of each sequence [B] (in the default float precision)."""
-    x = jnp.asarray(x)
     log_initial = jnp.log(jnp.asarray(self.initial))
     log_transition = jnp.log(jnp.asarray(self.transition))
     return log_initial[x[:, 0]] + log_transition[x[:, :-1], x[:, 1:]].sum(-1)
