@@ -72,7 +72,7 @@ _SIZE = flags.DEFINE_enum("size", "default", list(SIZES), "Model size.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: the size's.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round, after compile and warm-up.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
-_WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after the compile step.")
+_WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 10, "Untimed steps after the compile step.")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
 _TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
 _REUSE_MEMORY = flags.DEFINE_bool(
@@ -118,7 +118,12 @@ def _parts(config, model, optimizer, mesh, state, batch):
   """{name: (compiled fn, args)} for the profile; each fn returns what it computes."""
   key = jax.random.key(0)
   rows = jnp.arange(config.batch_size)
-  dense = dict(batch, segment_ids=None, positions=None)  # What the model sees without packing.
+  # The same rows with segment ids and positions (as a packed batch carries them): the model
+  # builds the attention mask.
+  shape = batch["tokens"].shape
+  packed = dict(batch, **sharding.device_batch({
+      "segment_ids": np.ones(shape, np.int32),
+      "positions": np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()}, mesh))
 
   def loss_grads(params, batch):
     total = lambda p: objective.training_loss(p, batch, key, model=model, config=config,
@@ -149,13 +154,13 @@ def _parts(config, model, optimizer, mesh, state, batch):
       q, k, v, mask=mask, is_causal=causal)
   no_rope = lambda x, cos, sin: x
   return {
-      "step": compiled(step, state, dense),
+      "step": compiled(step, state, batch),
       "forward": compiled(forward, state.params, batch["tokens"]),
-      "loss_forward_backward": compiled(loss_grads, state.params, dense),
+      "loss_forward_backward": compiled(loss_grads, state.params, batch),
       "optimizer_and_ema": compiled(optimizer_ema, state, grads),
-      "step_jax_nn_attention": compiled(step, state, dense, softmax_attention=jax_attention),
-      "step_segment_mask": compiled(step, state, batch),
-      "step_without_rope": compiled(step, state, dense, rotate=no_rope),
+      "step_jax_nn_attention": compiled(step, state, batch, softmax_attention=jax_attention),
+      "step_segment_mask": compiled(step, state, packed),
+      "step_without_rope": compiled(step, state, batch, rotate=no_rope),
   }
 
 

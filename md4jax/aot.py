@@ -37,6 +37,7 @@ from jax.experimental import topologies
 from ml_collections import config_flags
 
 from md4jax import config_lib
+from md4jax import data
 from md4jax import evaluate
 from md4jax import model as model_lib
 from md4jax import sampling
@@ -70,10 +71,13 @@ def chip_specs(devices) -> dict:
           "peak_bf16_flops": CHIPS[kind]["peak_bf16_flops"] / devices_per_chip}
 
 
-def _abstract_batch(rows: int, length: int, mesh) -> dict:
-  spec = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype, sharding=sharding.batch_sharding(mesh))
-  return {"tokens": spec(jnp.int32), "segment_ids": spec(jnp.int32), "positions": spec(jnp.int32),
-          "editable": spec(jnp.bool_)}
+def _abstract_batch(config, rows: int, mesh, training: bool) -> dict:
+  """The batch config's data gives the train step (or the evaluation), as shapes."""
+  spec = lambda dtype: jax.ShapeDtypeStruct((rows, config.data.seq_len), dtype,
+                                            sharding=sharding.batch_sharding(mesh))
+  segments = data.has_segments(config, training)
+  return {"tokens": spec(jnp.int32), "segment_ids": spec(jnp.int32) if segments else None,
+          "positions": spec(jnp.int32) if segments else None, "editable": spec(jnp.bool_)}
 
 
 class DoesNotFit(Exception):
@@ -127,7 +131,7 @@ def _train_step_compiled(config, mesh):
   abstract = state_lib.abstract_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, abstract)
   compiled, seconds = _compile(step_fn, abstract,
-                               _abstract_batch(config.batch_size, config.data.seq_len, mesh))
+                               _abstract_batch(config, config.batch_size, mesh, training=True))
   return compiled, seconds, abstract
 
 
@@ -190,7 +194,8 @@ def analyze(config, topology: str) -> dict:
   eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   eval_compiled, eval_seconds = _compile(eval_fn, abstract.ema_params,
-                                         _abstract_batch(config.eval.batch_size, seq_len, mesh), key)
+                                         _abstract_batch(config, config.eval.batch_size, mesh,
+                                                         training=False), key)
   sampler_compiled, sampler_seconds = _compile(sampler_step(config, model, mesh), abstract.ema_params, key)
 
   train_summary = _summary(train_compiled, train_seconds, len(devices))

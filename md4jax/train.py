@@ -74,7 +74,8 @@ def _flat_aux(value_and_grad_output):
 
 def train_step(state: TrainState, batch: dict, *, model, optimizer,
                config: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
-  """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions, editable). Pure."""
+  """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions, editable;
+  segment_ids and positions may be None, `md4jax.data`). Pure."""
   key = jax.random.fold_in(state.rng, state.step)
   num_rows = batch["tokens"].shape[0]
 

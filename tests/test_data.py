@@ -22,4 +22,18 @@ def test_each_process_takes_its_block_of_the_global_batch():
   whole = data.MarkovSource(config).batch(7)
   halves = [data.MarkovSource(config, shard=(i, 2)).batch(7) for i in range(2)]
   for name, rows in whole.items():
-    np.testing.assert_array_equal(np.concatenate([half[name] for half in halves]), rows)
+    if rows is None:  # One whole segment per row: no segment ids, on every process.
+      assert all(half[name] is None for half in halves), name
+    else:
+      np.testing.assert_array_equal(np.concatenate([half[name] for half in halves]), rows)
+
+
+def test_evaluation_batches_pad_whole_rows_without_segment_ids():
+  config = config_lib.load_config("tiny")
+  batches = data.MarkovSource(config).eval_batches(num_sequences=20, batch_size=16)
+  assert [b["tokens"].shape for b in batches] == [(16, config.data.seq_len)] * 2
+  assert all(b["segment_ids"] is None and b["positions"] is None for b in batches)
+  # Padding is whole rows, never scored: no row reads another, so no mask is needed.
+  np.testing.assert_array_equal(batches[1]["editable"].all(-1), [True] * 4 + [False] * 12)
+  assert not batches[1]["editable"][4:].any() and (batches[1]["tokens"][4:] == 0).all()
+  assert not data.has_segments(config, training=True) and not data.has_segments(config, training=False)

@@ -51,3 +51,22 @@ def test_a_rows_draw_depends_on_its_global_index_only(estimator):
   np.testing.assert_allclose(half, whole[8:], rtol=1e-6)
   assert not np.allclose(score(jax.tree.map(lambda x: x[8:], batch)), whole[8:])
   assert math.isfinite(float(whole.sum()))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_ar"])
+def test_rows_without_segment_ids_score_as_one_segment_at_positions_0_to_L(name):
+  # dense_batch leaves segment_ids and positions out (the model builds no attention mask): the
+  # same rows given as one segment each at positions 0..L-1 score the same, draw for draw.
+  config, model, params, batch = _untrained(name)
+  assert batch["segment_ids"] is None and batch["positions"] is None
+  shape = batch["tokens"].shape
+  explicit = dict(batch, segment_ids=np.ones(shape, np.int32),
+                  positions=np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape))
+  score = lambda rows: objective.sequence_nats(params, rows, jax.random.PRNGKey(5), model=model,
+                                               config=config, estimator="standard",
+                                               t_sampling="stratified")
+  np.testing.assert_allclose(score(batch), score(explicit), rtol=1e-6)
+  # Segment ids do change the scores where they split a row: the comparison can fail.
+  halves = np.where(np.arange(shape[1]) < shape[1] // 2, 1, 2).astype(np.int32)
+  split = dict(explicit, segment_ids=np.broadcast_to(halves, shape))
+  assert not np.allclose(score(split), score(batch), rtol=1e-6)

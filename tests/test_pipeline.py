@@ -12,6 +12,7 @@ import pytest
 from absl import flags
 
 from md4jax import corpora
+from md4jax import data as data_lib
 from md4jax import diffusion
 from md4jax import pipeline
 from md4jax.pipeline import EvalBatches, TokenizedDocs, TrainIterator
@@ -56,10 +57,16 @@ def _assert_batches_equal(a, b):
 @pytest.mark.parametrize("packing", pipeline.PACKINGS)
 def test_batches_shape_and_dtype(packing):
   batch = next(_iterator(_docs(_LENGTHS), packing))
+  # "concat" rows are each one whole segment: no segment ids (the model builds no mask).
+  whole = packing == "concat"
+  assert sorted(batch) == list(KEYS)
   for k in KEYS:
-    assert batch[k].shape == (4, 16) and batch[k].dtype == (bool if k == "editable" else np.int32)
+    if whole and k in ("segment_ids", "positions"):
+      assert batch[k] is None
+    else:
+      assert batch[k].shape == (4, 16) and batch[k].dtype == (bool if k == "editable" else np.int32)
   # Plain text: everything but padding is editable.
-  np.testing.assert_array_equal(batch["editable"], batch["segment_ids"] > 0)
+  np.testing.assert_array_equal(batch["editable"], True if whole else batch["segment_ids"] > 0)
 
 
 def test_concat_windows_are_contiguous_at_random_offsets():
@@ -67,8 +74,8 @@ def test_concat_windows_are_contiguous_at_random_offsets():
   tokens = np.concatenate([b["tokens"] for b in batches])
   starts = tokens[:, 0]
   np.testing.assert_array_equal(tokens, starts[:, None] + np.arange(16))
-  assert (np.concatenate([b["segment_ids"] for b in batches]) == 1).all()
-  np.testing.assert_array_equal(batches[0]["positions"][0], np.arange(16))
+  assert all(b["segment_ids"] is None and b["positions"] is None for b in batches)
+  assert all(b["editable"].all() for b in batches)
   assert len(set((starts % 16).tolist())) > 5  # Offsets are not the fixed window grid.
 
 
@@ -94,7 +101,11 @@ def test_two_processes_see_disjoint_shards_of_the_global_batch(packing):
   halves = [_take(_iterator(docs, packing, shard_index=p, shard_count=2), 3) for p in (0, 1)]
   for i, batch in enumerate(single):
     for key in KEYS:
-      np.testing.assert_array_equal(np.concatenate([halves[0][i][key], halves[1][i][key]]), batch[key])
+      parts = [halves[0][i][key], halves[1][i][key]]
+      if batch[key] is None:  # "concat": no segment ids on either process.
+        assert parts == [None, None], key
+      else:
+        np.testing.assert_array_equal(np.concatenate(parts), batch[key])
 
 
 @pytest.mark.parametrize("packing", pipeline.PACKINGS)
@@ -260,7 +271,8 @@ def test_lm1b_and_owt_from_local_stand_ins(tmp_path, dataset, seq_len, layout):
   data = pipeline.load_data(config, str(tmp_path / "work"))
   assert data.tokenizer.vocab_size == 280
   batch = next(data.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))
-  assert batch["tokens"].shape == (2, seq_len) and (batch["segment_ids"] == 1).all()
+  assert batch["tokens"].shape == (2, seq_len) and batch["segment_ids"] is None
+  assert not data_lib.has_segments(config, training=True) and data_lib.has_segments(config, training=False)
   assert (batch["tokens"] == data.tokenizer.eos_id).any()  # Documents are separated by EOS.
   ev = list(data.eval_batches(batch_size=2, shard_index=0, shard_count=1))
   assert sum(int((b["segment_ids"] > 0).sum()) for b in ev) == data.validation.num_tokens
