@@ -27,7 +27,7 @@ def dense_batch(tokens: np.ndarray) -> dict:
   """A batch of unpadded, unpacked rows: one segment each, positions 0..L−1, all editable.
 
   segment_ids and positions are None: with them the model would build an attention mask
-  that allows everything (a 4x256 train step: 3% slower).
+  that allows everything (the default train step: 2% slower, 4x256: 1%).
   """
   tokens = np.asarray(tokens, np.int32)
   return {"tokens": tokens, "segment_ids": None, "positions": None,
