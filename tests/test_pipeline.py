@@ -67,6 +67,12 @@ def test_batches_shape_and_dtype(packing):
       assert batch[k].shape == (4, 16) and batch[k].dtype == (bool if k == "editable" else np.int32)
   # Plain text: everything but padding is editable.
   np.testing.assert_array_equal(batch["editable"], True if whole else batch["segment_ids"] > 0)
+  # data.has_segments, from which aot builds the train step's abstract batch, says the same.
+  config = ml_collections.ConfigDict({"data": {"dataset": "localtext", "packing": packing}})
+  assert data_lib.has_segments(config, training=True) == (not whole)
+  assert data_lib.has_segments(config, training=False)
+  assert all(b["segment_ids"] is not None for b in EvalBatches(_docs(_LENGTHS), seq_len=16,
+                                                                batch_size=4, packing=packing))
 
 
 def test_concat_windows_are_contiguous_at_random_offsets():
