@@ -2,8 +2,8 @@ r"""The embedded default: a masked diffusion LM learns a generated Markov langua
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
 
-Trains, evaluates and samples in 1¼ to 2 minutes on 2 CPU cores (76–82 s on an AVX-512 Xeon; with
-earlier code and 2000 steps, 100 s on an AVX-512 EPYC and 145 s on an AVX2 EPYC: README), then
+Trains, evaluates and samples in 1¼ to 2 minutes on 2 CPU cores (76–82 s on an AVX-512 Xeon, 76–80 s
+on an AVX-512 EPYC; with earlier code and 2000 steps, 145 s on an AVX2 EPYC: README), then
 prints the NELBO in bits/token ± its standard error, the language's exact entropy and the gap
 between them in %.
 """
