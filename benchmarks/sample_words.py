@@ -4,7 +4,7 @@ r"""Share of a run's sample words that are real words (occur in the training spl
       --data_path=../shared/data/wiki_text8_dev.txt
 
 Reads WORKDIR/samples.jsonl (the latest step's samples) and the training split
-of the text8-format corpus (its first 90%, as md4jax.corpora.text8 splits it).
+of the text8-format corpus (its first 90%, as md4jax.data.corpora.text8 splits it).
 The first and last word of each sample are dropped: the window may cut them.
 """
 
@@ -14,7 +14,7 @@ import pathlib
 from absl import app
 from absl import flags
 
-from md4jax import corpora
+from md4jax.data import corpora
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained run's workdir.", required=True)
 _DATA_PATH = flags.DEFINE_string("data_path", None, "text8-format corpus (or text8.zip).",

@@ -20,9 +20,9 @@ import jax
 import numpy as np
 
 from md4jax import config_lib
-from md4jax import groundtruth
-from md4jax import sampling
-from md4jax import schedules
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion import schedules
+from md4jax.sampling import samplers
 
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 512, "Samples per point (one batch).")
 _STEPS = flags.DEFINE_list("steps", ["4", "16", "64", "256", "1000"], "T of the grid methods.")
@@ -48,7 +48,7 @@ def main(argv):
     else:
       variants = [{"num_steps": int(s)} for s in _STEPS.value]
     for variant in variants:
-      run = jax.jit(lambda key, variant=variant, method=method: sampling.sample(
+      run = jax.jit(lambda key, variant=variant, method=method: samplers.sample(
           key, language.denoise_fn(vocab_size), batch_size=_NUM_SAMPLES.value, length=length,
           schedule=schedule, mask_id=vocab_size, method=method, **variant))
       jax.block_until_ready(run(jax.random.PRNGKey(0)))

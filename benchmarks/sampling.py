@@ -19,23 +19,23 @@ from absl import app
 from absl import flags
 import jax
 
-from md4jax import allocator
 from md4jax import config_lib
-from md4jax import sampling
-from md4jax import schedules
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.diffusion import schedules
+from md4jax.runtime import allocator
+from md4jax.runtime import sharding
+from md4jax.sampling import samplers
+from md4jax.training import state as state_lib
 
 _SIZE = flags.DEFINE_enum("size", "default", ["tiny", "default", "text8"], "Model size (config name).")
 _LENGTH = flags.DEFINE_integer("length", None, "Sequence length; default: the config's seq_len.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per sampler call.")
 _STEPS = flags.DEFINE_list("steps", ["16", "64", "256"], "Step counts of the grid methods.")
-_METHODS = flags.DEFINE_list("methods", list(sampling.METHODS), "Sampling methods to time.")
+_METHODS = flags.DEFINE_list("methods", list(samplers.METHODS), "Sampling methods to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per configuration (after one compile run).")
 _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "The threshold of method 'threshold'.")
 _REUSE_MEMORY = flags.DEFINE_bool(
     "reuse_freed_host_memory", None,
-    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.allocator); "
+    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.runtime.allocator); "
     "default: the config's reuse_freed_host_memory, as md4jax.main does.")
 
 
@@ -55,7 +55,7 @@ def main(argv):
     stepless = method in ("first_hitting", "threshold")
     threshold = _THRESHOLD.value if method == "threshold" else None
     for num_steps in ([None] if stepless else [int(s) for s in _STEPS.value]):
-      run = jax.jit(lambda key, params, method=method, num_steps=num_steps: sampling.sample(
+      run = jax.jit(lambda key, params, method=method, num_steps=num_steps: samplers.sample(
           key, lambda z, a: model.apply({"params": params}, z, a), batch_size=_BATCH_SIZE.value,
           length=length, schedule=schedule, mask_id=mask_id, method=method, num_steps=num_steps,
           threshold=threshold))

@@ -13,7 +13,7 @@ over the first steps until enough freed blocks exist; 4x256's first 10 steps too
 each, then 0.25), then timed over --steps steps on random tokens, best of --rounds (every
 round's time is in the JSON). Each round also times a 2048x2048 float32 matmul (best round
 kept), so the achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
-Like md4jax.main, it makes glibc reuse freed memory (md4jax.allocator) when the
+Like md4jax.main, it makes glibc reuse freed memory (md4jax.runtime.allocator) when the
 config's reuse_freed_host_memory is set; --[no]reuse_freed_host_memory overrides it.
 It splits the CPU into the config's cpu_devices devices as md4jax.main does
 (--cpu_devices overrides it): the batch is then data parallel over them.
@@ -49,14 +49,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from md4jax import allocator
 from md4jax import config_lib
-from md4jax import data
-from md4jax import model as model_lib
-from md4jax import objective
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import train
+from md4jax.data import sources
+from md4jax.model import transformer as model_lib
+from md4jax.runtime import allocator
+from md4jax.runtime import sharding
+from md4jax.training import objective
+from md4jax.training import state as state_lib
+from md4jax.training import train
 
 # name: (config, batch, seq_len, layers, width, heads, mlp); None keeps the config's value.
 SIZES = {
@@ -77,7 +77,7 @@ _PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step 
 _TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
 _REUSE_MEMORY = flags.DEFINE_bool(
     "reuse_freed_host_memory", None,
-    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.allocator); "
+    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.runtime.allocator); "
     "default: the config's reuse_freed_host_memory, as md4jax.main does.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None,
@@ -85,7 +85,7 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "default: the config's cpu_devices, as md4jax.main does.")
 
 _FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
-                 "+ 4 N L D (md4jax.model.flops_per_token; backward = 2x forward)")
+                 "+ 4 N L D (md4jax.model.transformer.flops_per_token; backward = 2x forward)")
 
 
 def benchmark_config(size: str, batch_size=None):
@@ -247,7 +247,7 @@ def main(argv):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
   shape = (config.batch_size, config.data.seq_len)
-  batches = [sharding.device_batch(data.dense_batch(np.random.default_rng(i).integers(
+  batches = [sharding.device_batch(sources.dense_batch(np.random.default_rng(i).integers(
       0, config.data.vocab_size, shape, dtype=np.int32)), mesh) for i in range(2)]
   parts = {}
   if _PROFILE.value:  # On a copy: the train step donates (deletes) the state it is given.

@@ -25,7 +25,7 @@ _BPE_VOCAB_SIZE = 1024
 def get_config():
   # The localtext model, optimizer and budget (configs/localtext.py); only the data differ.
   config = config_lib.load_config("localtext")
-  config.data.dataset = "conditional"  # JSONL prompt/response pairs (md4jax.corpora.conditional).
+  config.data.dataset = "conditional"  # JSONL prompt/response pairs (md4jax.data.corpora.conditional).
   config.data.path = ""  # Required: set --config.data.path=FILE_OR_FOLDER.
   config.data.prompt_field = "prompt"  # JSONL field of the prompt: read, never masked nor scored.
   config.data.response_field = "response"  # JSONL field of the response: the model's target.

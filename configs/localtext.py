@@ -28,7 +28,7 @@ def get_config():
   config.eval_every_steps = 500  # Held-out NELBO six times per run.
   config.checkpoint_every_steps = 500  # A killed run loses at most 500 steps.
 
-  config.data.dataset = "localtext"  # A local text/JSONL file or folder (md4jax.corpora).
+  config.data.dataset = "localtext"  # A local text/JSONL file or folder (md4jax.data.corpora).
   config.data.path = ""  # Required: set --config.data.path=FILE_OR_FOLDER.
   config.data.text_field = "text"  # JSONL field holding each document's text.
   config.data.tokenizer = "bpe"  # Byte-level BPE trained on the training split; or "char", "byte".

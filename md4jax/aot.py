@@ -37,14 +37,14 @@ from jax.experimental import topologies
 from ml_collections import config_flags
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import evaluate
-from md4jax import model as model_lib
-from md4jax import sampling
-from md4jax import objective
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import train
+from md4jax.data import sources
+from md4jax.evaluation import evaluate
+from md4jax.model import transformer as model_lib
+from md4jax.runtime import sharding
+from md4jax.sampling import samplers
+from md4jax.training import objective
+from md4jax.training import state as state_lib
+from md4jax.training import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -75,7 +75,7 @@ def _abstract_batch(config, rows: int, mesh, training: bool) -> dict:
   """The batch config's data gives the train step (or the evaluation), as shapes."""
   spec = lambda dtype: jax.ShapeDtypeStruct((rows, config.data.seq_len), dtype,
                                             sharding=sharding.batch_sharding(mesh))
-  segments = data.has_segments(config, training)
+  segments = sources.has_segments(config, training)
   return {"tokens": spec(jnp.int32), "segment_ids": spec(jnp.int32) if segments else None,
           "positions": spec(jnp.int32) if segments else None, "editable": spec(jnp.bool_)}
 
@@ -161,7 +161,7 @@ def sampler_step(config, model, mesh):
   """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted."""
   def step(params, key):
     with sharding.activation_rules(mesh):
-      tokens, _ = sampling.sample(
+      tokens, _ = samplers.sample(
           key, lambda z, time: model.apply({"params": objective.network_params(params)}, z, time),
           batch_size=config.eval.batch_size, length=config.data.seq_len,
           schedule=objective.schedule_of(params, config),
@@ -212,7 +212,7 @@ def analyze(config, topology: str) -> dict:
       "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
       **where,
       "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
-      "flop_formula": "3 * md4jax.model.flops_per_token * batch_size * seq_len",
+      "flop_formula": "3 * md4jax.model.transformer.flops_per_token * batch_size * seq_len",
       "train_step": train_summary,
       "eval_step": {**_summary(eval_compiled, eval_seconds, len(devices)),
                     "rows": config.eval.batch_size, "mc_draws": config.eval.num_mc_samples},

@@ -11,12 +11,12 @@ import pathlib
 
 import ml_collections
 
-from md4jax import diffusion
-from md4jax import genmd4
-from md4jax import model as model_lib
-from md4jax import sampling
-from md4jax import schedules
-from md4jax import sharding
+from md4jax.diffusion import bounds
+from md4jax.diffusion import genmd4
+from md4jax.diffusion import schedules
+from md4jax.model import transformer as model_lib
+from md4jax.runtime import sharding
+from md4jax.sampling import samplers
 
 DATASETS = ("markov", "text8", "localtext", "conditional", "lm1b", "owt")
 TOKENIZERS = ("char", "byte", "bpe")
@@ -38,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 1000  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
   # Faster CPU steps (default: 15%, eval 34%; 6 layers/384: 11%) for memory: the heap grows by a few
-  # temporaries' worth first (6 layers/384: resident 2.3 -> 6.7 GB): see md4jax.allocator.
+  # temporaries' worth first (6 layers/384: resident 2.3 -> 6.7 GB): see md4jax.runtime.allocator.
   config.reuse_freed_host_memory = False  # CPU, glibc: one malloc arena that never unmaps, so temporaries reuse pages.
   # A small model's step is hundreds of small ops that 2 cores share poorly; a device per core
   # runs its half of the batch whole (default: 1.4x the steps per second of one device).
@@ -76,7 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.embed_dim = 0  # Token embedding width projected to model_dim (MD4: 64); 0 = model_dim, no projection.
   config.model.output_init = "normal"  # Init of the logits layer: "normal" (std 0.02) or "zeros" (as MD4).
 
-  # Device mesh (md4jax.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
+  # Device mesh (md4jax.runtime.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Data parallel: whole params per device group.
   config.mesh.fsdp = 1  # Data parallel with params, optimizer state and EMA sharded on the model dimension.
@@ -87,7 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.diffusion.exponent_init = 1.0  # Learned schedules: initial exponent w (1 = linear).
   config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
   config.diffusion.exponent_gradient = "rloo"  # Learned schedules: gradient of w through the masks, "rloo" (two draws, leave-one-out baseline) or "score" (no baseline).
-  config.diffusion.reconstruction_time = 1e-4  # Learned schedules: epsilon; t < epsilon is one reconstruction step (md4jax.genmd4); 0 = none.
+  config.diffusion.reconstruction_time = 1e-4  # Learned schedules: epsilon; t < epsilon is one reconstruction step (md4jax.diffusion.genmd4); 0 = none.
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 1e-3  # Peak learning rate, reached after the warmup.
@@ -117,7 +117,7 @@ def base_config() -> ml_collections.ConfigDict:
   # --mode=frontier: fresh samples at every (method, num_steps, temperature), each
   # scored by the judge (eval.judge_workdir) and by the true law where it is known.
   config.frontier = ml_collections.ConfigDict()
-  config.frontier.methods = "ancestral,confidence"  # mdm samplers swept (md4jax.sampling); ar models decode token by token.
+  config.frontier.methods = "ancestral,confidence"  # mdm samplers swept (md4jax.sampling.samplers); ar models decode token by token.
   config.frontier.num_steps = "16,64,256"  # mdm sampler steps swept; ar, first_hitting and threshold ignore them.
   config.frontier.thresholds = "0.5,0.7,0.9,0.99"  # method "threshold": the thresholds swept (each in (0, 1]).
   config.frontier.temperatures = "0.7,0.8,0.9,1.0"  # Softmax temperatures swept (each > 0).
@@ -126,7 +126,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
   config.sample.num_steps = 64  # Time-grid steps of the mdm sampler (first_hitting and ar take seq_len calls).
-  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence or threshold (md4jax.sampling).
+  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence or threshold (md4jax.sampling.samplers).
   config.sample.threshold = 0.9  # method "threshold": reveal every masked position whose top probability is >= this, in (0, 1].
   config.sample.temperature = 1.0  # Softmax temperature of every draw; 1 samples the model, 0 is greedy.
   config.sample.top_k = 0  # Keep only the k most likely tokens of every draw; 0 keeps all.
@@ -365,8 +365,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
     except ValueError as e:
       raise ValueError(f"Invalid config: diffusion.schedule: {e} Learned: "
                        f"{', '.join(schedules.LEARNED_NAMES)}.") from None
-  _check_choice(config.training.estimator, "training.estimator", diffusion.ESTIMATORS)
-  _check_choice(config.eval.estimator, "eval.estimator", diffusion.ESTIMATORS)
+  _check_choice(config.training.estimator, "training.estimator", bounds.ESTIMATORS)
+  _check_choice(config.eval.estimator, "eval.estimator", bounds.ESTIMATORS)
   _check_list(config, "eval.discrete_steps", int, True, lambda t: t > 0,
               "positive integers (e.g. \"10,50,1000\")")
   _check(type(config.eval.profile_bins) is int and config.eval.profile_bins >= 0,  # pylint: disable=unidiomatic-typecheck  (not bool)
@@ -386,8 +386,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
 
   _check(isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
          f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.")
-  _check_choice(config.sample.method, "sample.method", sampling.METHODS)
-  _check(config.sample.method not in sampling.TIME_FREE_METHODS or model.time_conditioning == "none",
+  _check_choice(config.sample.method, "sample.method", samplers.METHODS)
+  _check(config.sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
          f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
          "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.")
   _check(0 < config.sample.threshold <= 1,
@@ -403,8 +403,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _check(sample.block_length <= data.seq_len,
          f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.")
   methods = _check_list(config, "frontier.methods", str.strip, False,
-                        lambda m: m in sampling.METHODS, f"samplers (each one of {', '.join(sampling.METHODS)})")
-  for method in set(methods) & set(sampling.TIME_FREE_METHODS):
+                        lambda m: m in samplers.METHODS, f"samplers (each one of {', '.join(samplers.METHODS)})")
+  for method in set(methods) & set(samplers.TIME_FREE_METHODS):
     _check(model.time_conditioning == "none",
            f"frontier.methods has {method!r}, which needs model.time_conditioning='none'.")
   _check_list(config, "frontier.thresholds", float, False, lambda t: 0 < t <= 1,

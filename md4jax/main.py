@@ -23,17 +23,17 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-from md4jax import allocator
-from md4jax import checkpoint
 from md4jax import modes
-from md4jax import workdir as workdir_lib
+from md4jax.runtime import allocator
+from md4jax.runtime import workdir as workdir_lib
+from md4jax.training import checkpoint
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (configs/*.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "sample", "frontier"],
                           "train (then eval and sample), or eval / sample / sweep the sample-quality "
-                          "frontier (md4jax.frontier) of the latest checkpoint.")
+                          "frontier (md4jax.evaluation.frontier) of the latest checkpoint.")
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")

@@ -1,7 +1,7 @@
 """The workdir modes of `md4jax.main`: train (then evaluate and sample), eval, sample, frontier.
 
 Each builds a `Run` (mesh, data, model, state restored from the workdir's
-latest readable checkpoint) and writes its outputs where `md4jax.workdir`
+latest readable checkpoint) and writes its outputs where `md4jax.runtime.workdir`
 says. Only process 0 writes JSON, Markdown and plots; orbax checkpoints are
 written by every process (each saves its shards).
 
@@ -20,20 +20,20 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from md4jax import checkpoint
 from md4jax import config_lib
-from md4jax import data
-from md4jax import evaluate
-from md4jax import frontier
-from md4jax import generate
-from md4jax import metrics_writer
-from md4jax import plots
-from md4jax import preemption
-from md4jax import report
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import train
-from md4jax import workdir as workdir_lib
+from md4jax.data import sources
+from md4jax.evaluation import evaluate
+from md4jax.evaluation import frontier
+from md4jax.evaluation import plots
+from md4jax.evaluation import report
+from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
+from md4jax.sampling import generate
+from md4jax.training import checkpoint
+from md4jax.training import metrics_writer
+from md4jax.training import preemption
+from md4jax.training import state as state_lib
+from md4jax.training import train
 
 
 class Run:
@@ -52,7 +52,7 @@ class Run:
       saved = checkpoint.newest_config(checkpoint.make_manager(self.workdir, 1))
       if saved is not None:
         config_lib.check_resume(saved, config, self.workdir.checkpoints)
-    self.source = data.make_source(config, self.workdir,
+    self.source = sources.make_source(config, self.workdir,
                                    shard=sharding.process_batch_shard(self.mesh, config.batch_size))
     self.manager = checkpoint.make_manager(self.workdir, config.training.max_checkpoints_to_keep)
     self.model, self.optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)

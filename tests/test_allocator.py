@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from md4jax import allocator
+from md4jax.runtime import allocator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -14,10 +14,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # allocator.reuse_freed_host_memory() or without it.
 _FAULTS_PER_CALL = """
 import resource, sys
-from md4jax import allocator
+from md4jax.runtime import allocator
 applied = allocator.reuse_freed_host_memory() if sys.argv[1] == "reuse" else None
 import jax, jax.numpy as jnp
-from md4jax import model
+from md4jax.model import transformer as model
 attention = jax.jit(model.softmax_attention)
 q = jnp.ones((4, 1024, 8, 16))  # Scores [4, 8, 1024, 1024] float32: 128 MB.
 for _ in range(2):
@@ -52,7 +52,7 @@ def test_reused_host_memory_stops_page_faults_of_fresh_temporaries():
 _RESIDENT_AFTER_FREE = """
 import sys
 import numpy as np
-from md4jax import allocator
+from md4jax.runtime import allocator
 applied = allocator.reuse_freed_host_memory()
 resident = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 before = resident()

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from md4jax import checkpoint
+from md4jax.training import checkpoint
 from test_recovery import tiny  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
 from md4jax import modes
-from md4jax import workdir as workdir_lib
+from md4jax.runtime import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 USER_ERRORS = (ValueError, FileNotFoundError, workdir_lib.WorkdirError, checkpoint.CheckpointError)

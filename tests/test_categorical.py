@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import categorical
+from md4jax.sampling import categorical
 
 VOCAB = 16384
 TAIL_LOGIT = -15.5

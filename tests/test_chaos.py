@@ -15,10 +15,10 @@ import time
 import chex
 import pytest
 
-from md4jax import checkpoint
 from md4jax import config_lib
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.runtime import sharding
+from md4jax.training import checkpoint
+from md4jax.training import state as state_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 200

@@ -5,12 +5,12 @@ import chex
 import jax
 import pytest
 
-from md4jax import checkpoint
 from md4jax import config_lib
-from md4jax import data
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import train
+from md4jax.data import sources
+from md4jax.runtime import sharding
+from md4jax.training import checkpoint
+from md4jax.training import state as state_lib
+from md4jax.training import train
 
 
 def _config(data_axis=-1, fsdp=1, tensor=1):
@@ -22,7 +22,7 @@ def _config(data_axis=-1, fsdp=1, tensor=1):
 def _steps(config, mesh, state, start: int, num: int):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
-  iterator = data.make_source(config).train_iterator()
+  iterator = sources.make_source(config).train_iterator()
   iterator.set_state({"next_batch_index": start})
   for _ in range(num):
     state, _ = step_fn(state, sharding.device_batch(next(iterator), mesh))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from md4jax import diffusion
-from md4jax import groundtruth
-from md4jax import sampling
-from md4jax import schedules
-from md4jax.model import Transformer
+from md4jax.diffusion import bounds
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion import schedules
+from md4jax.model.transformer import Transformer
+from md4jax.sampling import samplers
 
 VOCAB, LENGTH = 5, 8
 
@@ -37,7 +37,7 @@ class MathVariantsTest(chex.TestCase):
   @parameterized.parameters("standard", "mask_count")
   def test_nelbo_is_the_same_number(self, estimator):
     denoise = self.language.denoise_fn(VOCAB)
-    nelbo = lambda key, x: diffusion.nelbo(key, denoise, x, schedules.get_schedule("linear"),
+    nelbo = lambda key, x: bounds.nelbo(key, denoise, x, schedules.get_schedule("linear"),
                                            mask_id=VOCAB, estimator=estimator)
     value = self.variant(nelbo)(jax.random.PRNGKey(1), self.x)
     chex.assert_shape(value, (64,))
@@ -46,7 +46,7 @@ class MathVariantsTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_corrupt_keeps_shapes_and_visible_tokens(self):
-    z = self.variant(lambda key, x: diffusion.corrupt(key, x, 0.5, mask_id=VOCAB))(
+    z = self.variant(lambda key, x: bounds.corrupt(key, x, 0.5, mask_id=VOCAB))(
         jax.random.PRNGKey(2), self.x)
     chex.assert_equal_shape((z, self.x))
     np.testing.assert_array_equal(np.where(z != VOCAB, z, self.x), self.x)
@@ -55,7 +55,7 @@ class MathVariantsTest(chex.TestCase):
   def test_sampler_draws_valid_tokens_and_keeps_the_prompt(self):
     denoise = self.language.denoise_fn(VOCAB)
     prompt = jnp.array([1, 2] + [VOCAB] * (LENGTH - 2))
-    tokens, _ = self.variant(lambda key: sampling.sample(
+    tokens, _ = self.variant(lambda key: samplers.sample(
         key, denoise, batch_size=4, length=LENGTH, schedule=schedules.get_schedule("linear"),
         mask_id=VOCAB, method="ancestral", num_steps=4, prompt=prompt))(jax.random.PRNGKey(3))
     chex.assert_shape(tokens, (4, LENGTH))
@@ -67,19 +67,19 @@ def _oracle(unused=None):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: diffusion.corrupt(jax.random.PRNGKey(0), jnp.zeros((LENGTH,), jnp.int32), 0.5, mask_id=VOCAB),
+    (lambda: bounds.corrupt(jax.random.PRNGKey(0), jnp.zeros((LENGTH,), jnp.int32), 0.5, mask_id=VOCAB),
      "corrupt: x must be clean tokens"),
-    (lambda: diffusion.corrupt(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH)), 0.5, mask_id=VOCAB),
+    (lambda: bounds.corrupt(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH)), 0.5, mask_id=VOCAB),
      "corrupt: x must be integer token ids"),
-    (lambda: diffusion.corrupt(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH), jnp.int32), jnp.ones(3),
+    (lambda: bounds.corrupt(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH), jnp.int32), jnp.ones(3),
                                mask_id=VOCAB), "corrupt: alpha_t must be \\[B\\]"),
-    (lambda: diffusion.nelbo(jax.random.PRNGKey(0), _oracle(None), jnp.zeros((2, LENGTH), jnp.int32),
+    (lambda: bounds.nelbo(jax.random.PRNGKey(0), _oracle(None), jnp.zeros((2, LENGTH), jnp.int32),
                              "linear", mask_id=VOCAB, editable=jnp.ones((2, LENGTH + 1), bool)),
      "nelbo: editable must have x's shape"),
-    (lambda: diffusion.nelbo(jax.random.PRNGKey(0), lambda z, a: jnp.zeros(z.shape[:1] + (VOCAB,)),
+    (lambda: bounds.nelbo(jax.random.PRNGKey(0), lambda z, a: jnp.zeros(z.shape[:1] + (VOCAB,)),
                              jnp.zeros((2, LENGTH), jnp.int32), "linear", mask_id=VOCAB),
      "must return logits \\[B, L, V\\]"),
-    (lambda: sampling.sample(jax.random.PRNGKey(0), _oracle(None), batch_size=2, length=LENGTH,
+    (lambda: samplers.sample(jax.random.PRNGKey(0), _oracle(None), batch_size=2, length=LENGTH,
                              schedule=schedules.get_schedule("linear"), mask_id=VOCAB, num_steps=2,
                              prompt=jnp.zeros((LENGTH + 1,), jnp.int32)),
      "sample: prompt must be \\[length\\] or \\[batch_size, length\\]"),

@@ -1,4 +1,4 @@
-"""Tests for md4jax.corpora: text8 splits and validation, local files, conditional pairs, LM1B/OWT stand-ins."""
+"""Tests for md4jax.data.corpora: text8 splits and validation, local files, conditional pairs, LM1B/OWT stand-ins."""
 import importlib.util
 import json
 import pathlib
@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from md4jax import corpora
+from md4jax.data import corpora
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -4,14 +4,14 @@ import jax
 import numpy as np
 
 from md4jax import config_lib
-from md4jax import data
+from md4jax.data import sources
 
 
 def test_markov_batches_drawn_together_equal_one_draw_each():
   config = config_lib.load_config("tiny")
-  source = data.MarkovSource(config)
+  source = sources.MarkovSource(config)
   # In order across a block boundary, then as a resumed run would ask for them.
-  for index in (0, 1, data._BATCHES_PER_DRAW - 1, data._BATCHES_PER_DRAW, 3, 2 * data._BATCHES_PER_DRAW + 5):
+  for index in (0, 1, sources._BATCHES_PER_DRAW - 1, sources._BATCHES_PER_DRAW, 3, 2 * sources._BATCHES_PER_DRAW + 5):
     alone = source.language.sample(jax.random.fold_in(source._train_key, index),
                                    config.batch_size, config.data.seq_len)
     np.testing.assert_array_equal(source.batch(index)["tokens"], np.asarray(alone), err_msg=str(index))
@@ -19,8 +19,8 @@ def test_markov_batches_drawn_together_equal_one_draw_each():
 
 def test_each_process_takes_its_block_of_the_global_batch():
   config = config_lib.load_config("tiny")
-  whole = data.MarkovSource(config).batch(7)
-  halves = [data.MarkovSource(config, shard=(i, 2)).batch(7) for i in range(2)]
+  whole = sources.MarkovSource(config).batch(7)
+  halves = [sources.MarkovSource(config, shard=(i, 2)).batch(7) for i in range(2)]
   for name, rows in whole.items():
     if rows is None:  # One whole segment per row: no segment ids, on every process.
       assert all(half[name] is None for half in halves), name
@@ -30,10 +30,10 @@ def test_each_process_takes_its_block_of_the_global_batch():
 
 def test_evaluation_batches_pad_whole_rows_without_segment_ids():
   config = config_lib.load_config("tiny")
-  batches = data.MarkovSource(config).eval_batches(num_sequences=20, batch_size=16)
+  batches = sources.MarkovSource(config).eval_batches(num_sequences=20, batch_size=16)
   assert [b["tokens"].shape for b in batches] == [(16, config.data.seq_len)] * 2
   assert all(b["segment_ids"] is None and b["positions"] is None for b in batches)
   # Padding is whole rows, never scored: no row reads another, so no mask is needed.
   np.testing.assert_array_equal(batches[1]["editable"].all(-1), [True] * 4 + [False] * 12)
   assert not batches[1]["editable"][4:].any() and (batches[1]["tokens"][4:] == 0).all()
-  assert not data.has_segments(config, training=True) and not data.has_segments(config, training=False)
+  assert not sources.has_segments(config, training=True) and not sources.has_segments(config, training=False)

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax import diffusion, groundtruth, schedules
+from md4jax.diffusion import bounds
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion import schedules
 
 VOCAB = 5
 MASK_ID = VOCAB
@@ -38,7 +40,7 @@ def data(language):
 def _jitted_nelbo(language, schedule_name, estimator, t_sampling, num_steps=None):
   denoise = language.denoise_fn(MASK_ID)
   schedule = schedules.get_schedule(schedule_name)
-  return jax.jit(lambda key, x, editable: diffusion.nelbo(
+  return jax.jit(lambda key, x, editable: bounds.nelbo(
       key, denoise, x, schedule, mask_id=MASK_ID, editable=editable, num_steps=num_steps,
       estimator=estimator, t_sampling=t_sampling))
 
@@ -54,7 +56,7 @@ def test_corrupt_masks_the_right_fraction_and_only_editable_positions():
   x = jax.random.randint(key_x, (400, 64), 0, VOCAB)
   editable = jax.random.bernoulli(key_e, 0.7, x.shape)
   alpha = jnp.linspace(0.05, 0.95, 400)
-  z = diffusion.corrupt(key_c, x, alpha, mask_id=MASK_ID, editable=editable)
+  z = bounds.corrupt(key_c, x, alpha, mask_id=MASK_ID, editable=editable)
   np.testing.assert_array_equal(np.where(editable, 0, z), np.where(editable, 0, x))
   masked = np.asarray(z == MASK_ID)
   np.testing.assert_array_equal(np.where(masked, x, z), x)  # Unmasked tokens are unchanged.
@@ -69,8 +71,8 @@ def test_corrupt_masks_the_right_fraction_and_only_editable_positions():
 def test_corrupt_endpoints():
   x = jnp.arange(20).reshape(2, 10) % VOCAB
   key = jax.random.PRNGKey(0)
-  np.testing.assert_array_equal(diffusion.corrupt(key, x, 1.0, mask_id=MASK_ID), x)
-  np.testing.assert_array_equal(diffusion.corrupt(key, x, 0.0, mask_id=MASK_ID), MASK_ID)
+  np.testing.assert_array_equal(bounds.corrupt(key, x, 1.0, mask_id=MASK_ID), x)
+  np.testing.assert_array_equal(bounds.corrupt(key, x, 0.0, mask_id=MASK_ID), MASK_ID)
 
 
 # ---------------------------------------------------------------- SUBS
@@ -79,11 +81,11 @@ def test_subs_carries_visible_tokens_and_never_scores_them():
   x = jax.random.randint(key, (3, 8), 0, VOCAB)
   z = x.at[:, ::2].set(MASK_ID)
   adversarial = jnp.where(jax.nn.one_hot(x, VOCAB) > 0, -50.0, 50.0)  # Wrong everywhere.
-  log_probs = diffusion.subs_log_probs(adversarial, z, mask_id=MASK_ID)
+  log_probs = bounds.subs_log_probs(adversarial, z, mask_id=MASK_ID)
   visible = np.asarray(z != MASK_ID)
   np.testing.assert_array_equal(np.asarray(jnp.exp(log_probs))[visible],
                                 np.asarray(jax.nn.one_hot(z, VOCAB))[visible])
-  ce = diffusion.masked_cross_entropy(adversarial, x, z, mask_id=MASK_ID)
+  ce = bounds.masked_cross_entropy(adversarial, x, z, mask_id=MASK_ID)
   assert np.all(np.asarray(ce)[visible] == 0)
   assert np.all(np.asarray(ce)[~visible] > 50)
 
@@ -91,7 +93,7 @@ def test_subs_carries_visible_tokens_and_never_scores_them():
 def test_logits_must_cover_exactly_the_clean_vocabulary():
   x = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match="mask_id"):
-    diffusion.masked_cross_entropy(jnp.zeros((1, 4, VOCAB + 1)), x, x, mask_id=MASK_ID)
+    bounds.masked_cross_entropy(jnp.zeros((1, 4, VOCAB + 1)), x, x, mask_id=MASK_ID)
 
 
 # ---------------------------------------------------------------- exactness of the bound
@@ -128,7 +130,7 @@ def _standard_estimate_by_quadrature(language, x, schedule, key, num_nodes=32):
 
   @functools.partial(jax.jit, static_argnums=(1,))
   def at_time(node_key, sched, t):
-    return diffusion.continuous_loss_at(node_key, oracle, x, sched, jnp.full((x.shape[0],), t),
+    return bounds.continuous_loss_at(node_key, oracle, x, sched, jnp.full((x.shape[0],), t),
                                         mask_id=MASK_ID)
 
   def integral(sched, low, high, interval_key):
@@ -187,20 +189,20 @@ def _exact_discrete_bounds(language, x, schedule, steps_list):
   tiled = np.broadcast_to(x, subsets.shape)
   z = np.where(subsets, mask_id, tiled)
   logits = language.denoise_fn(mask_id)(jnp.asarray(z), None)
-  ce_sum = np.asarray(diffusion.masked_cross_entropy(logits, jnp.asarray(tiled), jnp.asarray(z),
+  ce_sum = np.asarray(bounds.masked_cross_entropy(logits, jnp.asarray(tiled), jnp.asarray(z),
                                                      mask_id=mask_id), np.float64).sum(-1)
   size = subsets.sum(-1)
 
   def g(rate):
     return np.sum(rate ** size * (1 - rate) ** (length - size) * ce_sum)
 
-  bounds = {}
+  by_steps = {}
   for steps in steps_list:
     rates = np.asarray(schedule.mask_prob(np.arange(steps + 1, dtype=np.float64) / steps))
-    bounds[steps] = sum((rates[i] - rates[i - 1]) / rates[i] * g(rates[i]) for i in range(1, steps + 1))
+    by_steps[steps] = sum((rates[i] - rates[i - 1]) / rates[i] * g(rates[i]) for i in range(1, steps + 1))
   # Mask-count form of L∞ (exact for this oracle): mean over k of (L/k) E_{|S|=k} Σ CE.
-  bounds[None] = np.mean([length / k * ce_sum[size == k].mean() for k in range(1, length + 1)])
-  return bounds
+  by_steps[None] = np.mean([length / k * ce_sum[size == k].mean() for k in range(1, length + 1)])
+  return by_steps
 
 
 @pytest.mark.parametrize("schedule_name", ["linear", "cosine"])
@@ -217,7 +219,7 @@ def test_discrete_time_bound_is_above_continuous_and_decreases_with_steps(schedu
   batch = jnp.asarray(np.tile(x, (20000, 1)))
   for estimator in ["standard", "forced_target"]:
     for steps in [4, 16, 256]:
-      estimate = jax.jit(lambda key, b, s=steps, e=estimator: diffusion.nelbo(
+      estimate = jax.jit(lambda key, b, s=steps, e=estimator: bounds.nelbo(
           key, denoise, b, schedule, mask_id=4, num_steps=s, estimator=e,
           t_sampling="uniform"))(jax.random.PRNGKey(steps), batch)
       mean, se = _mean_and_se(estimate)
@@ -243,7 +245,7 @@ def test_stratified_times_have_lower_variance_than_uniform(language, data):
 
 
 def test_stratified_times_cover_a_shifted_grid():
-  t = np.sort(np.asarray(diffusion.sample_times(jax.random.PRNGKey(0), 128, "stratified")))
+  t = np.sort(np.asarray(bounds.sample_times(jax.random.PRNGKey(0), 128, "stratified")))
   np.testing.assert_allclose(np.diff(t), 1 / 128, atol=1e-6)
   assert 0 < t.min() and t.max() <= 1
 
@@ -263,9 +265,9 @@ def test_dividing_by_the_realized_mask_count_changes_the_objective(language, dat
   @jax.jit
   def realized_mask_count_loss(key):
     time_key, mask_key = jax.random.split(key)
-    t = diffusion.sample_times(time_key, x.shape[0], "uniform")
-    z = diffusion.corrupt(mask_key, x, schedule.alpha(t), mask_id=MASK_ID)
-    ce = diffusion.masked_cross_entropy(denoise(z, None), x, z, mask_id=MASK_ID)
+    t = bounds.sample_times(time_key, x.shape[0], "uniform")
+    z = bounds.corrupt(mask_key, x, schedule.alpha(t), mask_id=MASK_ID)
+    ce = bounds.masked_cross_entropy(denoise(z, None), x, z, mask_id=MASK_ID)
     num_masked = (z == MASK_ID).sum(-1)
     return ce.sum(-1) / jnp.maximum(num_masked, 1), num_masked > 0
 
@@ -313,15 +315,15 @@ def test_non_editable_positions_are_never_masked_nor_scored(language, data, esti
 
   kwargs = dict(mask_id=MASK_ID, editable=editable, estimator=estimator)
   schedule = schedules.get_schedule("geometric")  # Exercises the endpoint terms too.
-  reference = diffusion.nelbo(jax.random.PRNGKey(9), spy, x, schedule, **kwargs)
+  reference = bounds.nelbo(jax.random.PRNGKey(9), spy, x, schedule, **kwargs)
   for z in seen:
     np.testing.assert_array_equal(np.where(editable, 0, z), np.where(editable, 0, x))
   np.testing.assert_array_equal(
-      diffusion.nelbo(jax.random.PRNGKey(9), garbage_where_fixed, x, schedule, **kwargs), reference)
-  nothing_editable = diffusion.nelbo(jax.random.PRNGKey(9), oracle, x, schedule,
+      bounds.nelbo(jax.random.PRNGKey(9), garbage_where_fixed, x, schedule, **kwargs), reference)
+  nothing_editable = bounds.nelbo(jax.random.PRNGKey(9), oracle, x, schedule,
                                      mask_id=MASK_ID, editable=jnp.zeros_like(editable), estimator=estimator)
   np.testing.assert_array_equal(nothing_editable, 0.0)
-  np.testing.assert_array_equal(diffusion.num_valid_tokens(x, editable), np.asarray(editable).sum(-1))
+  np.testing.assert_array_equal(bounds.num_valid_tokens(x, editable), np.asarray(editable).sum(-1))
 
 
 # ---------------------------------------------------------------- numerics
@@ -334,14 +336,14 @@ def test_finite_values_and_gradients_at_the_time_endpoints(language, data, sched
   oracle = language.denoise_fn(MASK_ID)
 
   def loss(bias, t):
-    return diffusion.continuous_loss_at(jax.random.PRNGKey(0), lambda z, a: oracle(z, a) + bias,
+    return bounds.continuous_loss_at(jax.random.PRNGKey(0), lambda z, a: oracle(z, a) + bias,
                                         x, schedule, t, mask_id=MASK_ID, estimator=estimator).mean()
 
   for t_value in [1e-7, 1e-4, 0.5, 1.0]:
     t = jnp.full((x.shape[0],), t_value)
     value, grad = jax.value_and_grad(loss)(jnp.zeros(VOCAB), t)
     assert np.isfinite(value) and np.all(np.isfinite(grad)), (t_value, value, grad)
-  value, grad = jax.value_and_grad(lambda b: diffusion.nelbo(
+  value, grad = jax.value_and_grad(lambda b: bounds.nelbo(
       jax.random.PRNGKey(1), lambda z, a: oracle(z, a) + b, x, schedule, mask_id=MASK_ID,
       estimator=estimator).mean())(jnp.zeros(VOCAB))
   assert np.isfinite(value) and np.all(np.isfinite(grad))
@@ -353,7 +355,7 @@ def test_finite_values_and_gradients_at_the_time_endpoints(language, data, sched
 def test_jit_and_eager_agree(language, data, estimator, num_steps):
   x, _ = data
   x = x[:128]
-  fn = functools.partial(diffusion.nelbo, denoise_fn=language.denoise_fn(MASK_ID), x=x,
+  fn = functools.partial(bounds.nelbo, denoise_fn=language.denoise_fn(MASK_ID), x=x,
                          schedule=schedules.get_schedule("geometric"), mask_id=MASK_ID,
                          num_steps=num_steps, estimator=estimator)
   key = jax.random.PRNGKey(3)
@@ -366,7 +368,7 @@ def test_oracle_nelbo_equals_exact_nll_with_x64(estimator):
     language = groundtruth.MarkovLanguage(VOCAB, seed=1)
     x = language.sample(jax.random.PRNGKey(0), NUM_SEQUENCES, LENGTH)
     nll = -np.asarray(language.log_prob(x))
-    estimate = jax.jit(lambda key: diffusion.nelbo(
+    estimate = jax.jit(lambda key: bounds.nelbo(
         key, language.denoise_fn(MASK_ID), x, "cosine", mask_id=MASK_ID, estimator=estimator,
         t_sampling="uniform"))(jax.random.PRNGKey(1))
     mean, se = _mean_and_se(np.asarray(estimate) - nll)
@@ -379,23 +381,23 @@ def test_bad_arguments_raise_clear_errors(language, data):
   oracle = language.denoise_fn(MASK_ID)
   key = jax.random.PRNGKey(0)
   with pytest.raises(ValueError, match="Unknown estimator"):
-    diffusion.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, estimator="bogus")
+    bounds.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, estimator="bogus")
   with pytest.raises(ValueError, match="continuous-time bound only"):
-    diffusion.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, estimator="mask_count", num_steps=8)
+    bounds.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, estimator="mask_count", num_steps=8)
   with pytest.raises(ValueError, match="num_steps"):
-    diffusion.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, num_steps=0)
+    bounds.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, num_steps=0)
   with pytest.raises(ValueError, match="t_sampling"):
-    diffusion.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, t_sampling="sobol")
+    bounds.nelbo(key, oracle, x, "linear", mask_id=MASK_ID, t_sampling="sobol")
   with pytest.raises(ValueError, match="Unknown schedule"):
-    diffusion.nelbo(key, oracle, x, "quadratic", mask_id=MASK_ID)
+    bounds.nelbo(key, oracle, x, "quadratic", mask_id=MASK_ID)
   with pytest.raises(ValueError, match=r"\[batch, length\]"):
-    diffusion.nelbo(key, oracle, x[0], "linear", mask_id=MASK_ID)
+    bounds.nelbo(key, oracle, x[0], "linear", mask_id=MASK_ID)
 
 
 def test_per_token_figures_divide_by_valid_tokens():
   total_nats = jnp.asarray([np.log(2.0) * 30.0])
-  np.testing.assert_allclose(diffusion.bits_per_token(total_nats, 10), 3.0, rtol=1e-6)
-  np.testing.assert_allclose(diffusion.perplexity(total_nats, 10), 8.0, rtol=1e-5)
+  np.testing.assert_allclose(bounds.bits_per_token(total_nats, 10), 3.0, rtol=1e-6)
+  np.testing.assert_allclose(bounds.perplexity(total_nats, 10), 8.0, rtol=1e-5)
 
 
 def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
@@ -409,7 +411,7 @@ def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
     seen.append((z, alpha))
     return jnp.zeros(z.shape + (VOCAB,))
 
-  diffusion._mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
+  bounds._mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
   (z, alpha), = seen
   expected = np.ceil(np.asarray(u) * 8092).astype(int)
   np.testing.assert_array_equal(np.asarray(z == MASK_ID).sum(-1), expected)
@@ -425,7 +427,7 @@ def test_cross_entropy_value_and_gradient_match_log_softmax(dtype):
   weights = jax.random.uniform(jax.random.PRNGKey(2), (4, 6))
   reference = lambda l: -(weights * jnp.take_along_axis(
       jax.nn.log_softmax(l.astype(jnp.float32)), labels[..., None], -1)[..., 0]).sum()
-  ours = lambda l: (weights * diffusion.cross_entropy(l, labels)).sum()
+  ours = lambda l: (weights * bounds.cross_entropy(l, labels)).sum()
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
   grad, expected = jax.grad(ours)(logits), jax.grad(reference)(logits)
   assert grad.dtype == dtype  # The gradient in the logits' dtype, as autodiff gives it.
@@ -440,7 +442,7 @@ def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass
   labels = jnp.zeros((batch, length), jnp.int32)
   naive = lambda l: -jnp.take_along_axis(jax.nn.log_softmax(l.astype(jnp.float32)),
                                          labels[..., None], -1).sum()
-  ours = lambda l: diffusion.cross_entropy(l, labels).sum()
+  ours = lambda l: bounds.cross_entropy(l, labels).sum()
   logits = jax.ShapeDtypeStruct((batch, length, vocab), jnp.bfloat16)
 
   def residual_bytes(loss):

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import evaluate
-from md4jax import groundtruth
-from md4jax import plots
-from md4jax import report
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.data import sources
+from md4jax.diffusion import groundtruth
+from md4jax.evaluation import evaluate
+from md4jax.evaluation import plots
+from md4jax.evaluation import report
+from md4jax.runtime import sharding
+from md4jax.training import state as state_lib
 
 import oracles
 
@@ -38,7 +38,7 @@ def untrained(config):
 def test_eval_is_deterministic_and_complete():
   config = tiny_config(discrete_steps="10,50")
   mesh, model, params = untrained(config)
-  source = data.make_source(config)
+  source = sources.make_source(config)
   runs = [evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
           for _ in range(2)]
   assert runs[0] == runs[1]
@@ -58,7 +58,7 @@ class _RepeatedSource:
     self.sequence = np.asarray(sequence, np.int32)
 
   def eval_batches(self, num_sequences, batch_size):
-    return [data.dense_batch(np.tile(self.sequence, (batch_size, 1)))
+    return [sources.dense_batch(np.tile(self.sequence, (batch_size, 1)))
             for _ in range(-(-num_sequences // batch_size))]
 
 
@@ -70,7 +70,7 @@ def test_stderr_shrinks_like_one_over_sqrt_k():
     config = tiny_config(num_mc_samples=draws, estimator="mask_count", discrete_steps="",
                          profile_bins=0, num_sequences=128, batch_size=64)
     mesh, model, params = untrained(config)
-    source = _RepeatedSource(data.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
+    source = _RepeatedSource(sources.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
     results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
     stderrs[draws] = results["nelbo_bits_per_token_stderr"]
   ratio = stderrs[1] / stderrs[16]
@@ -84,7 +84,7 @@ def test_discrete_bounds_take_their_own_draws_and_leave_the_headline_alone():
     config = tiny_config(num_mc_samples=2, num_discrete_draws=draws, discrete_steps="10",
                          profile_bins=0, num_sequences=128, batch_size=64)
     mesh, model, params = untrained(config)
-    source = _RepeatedSource(data.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
+    source = _RepeatedSource(sources.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
     runs[draws] = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
                                     source, mesh)
   assert runs[1]["nelbo_bits_per_token"] == runs[16]["nelbo_bits_per_token"]
@@ -103,7 +103,7 @@ def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   config = tiny_config(num_sequences=512, batch_size=64)
   config.model.type = "ar"
   mesh = sharding.make_mesh(config, jax.devices()[:1])
-  source = data.make_source(config)
+  source = sources.make_source(config)
   oracle = oracles.OracleChain(source.language)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
   assert results["estimator"] == "exact_nll" and results["nll_bits_per_token"] == results["nelbo_bits_per_token"]
@@ -118,7 +118,7 @@ def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
   config = tiny_config(num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="",
                        profile_bins=10)
   mesh = sharding.make_mesh(config, jax.devices()[:1])
-  source = data.make_source(config)
+  source = sources.make_source(config)
   oracle = oracles.OracleDenoiser(source.language)
   judge = evaluate.Judge(config_lib.load_config("tiny_ar"), oracles.OracleChain(source.language), {},
                          sharding.make_mesh(config), workdir="oracle")  # Judge rows over all 8 devices.
@@ -159,7 +159,7 @@ class _AlphaRecorder:
 def test_profile_draws_t_inside_each_bin():
   config = tiny_config(profile_bins=5)
   recorder = _AlphaRecorder(config.data.vocab_size)
-  batch = data.make_source(config).eval_batches(64, 64)[0]
+  batch = sources.make_source(config).eval_batches(64, 64)[0]
   nats = evaluate.profile_nats({}, batch, jax.random.PRNGKey(0), model=recorder, config=config)
   assert nats.shape == (64, 5)
   assert len(recorder.alphas) == 5
@@ -177,14 +177,14 @@ def test_profile_mean_agrees_with_the_t_estimator():
   config = tiny_config(num_sequences=128, batch_size=64, num_mc_samples=4, profile_bins=16)
   mesh, model, params = untrained(config)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
-                              data.make_source(config), mesh)
+                              sources.make_source(config), mesh)
   profile, standard = results["loss_profile"], results["estimators"]["standard"]
   assert profile["mean_bits_per_token"] == pytest.approx(
       standard["bits_per_token"], abs=4 * math.hypot(profile["mean_stderr"], standard["stderr"]))
   config = tiny_config(profile_bins=0)
   mesh, model, params = untrained(config)
   off = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
-                          data.make_source(config), mesh)
+                          sources.make_source(config), mesh)
   assert "loss_profile" not in off and "Per-t" not in report.render(off)
 
 
@@ -197,7 +197,7 @@ def test_bits_per_byte_counts_utf8_bytes(tmp_path):
   config.data.dataset, config.data.path = "localtext", str(tmp_path / "corpus.txt")
   config.data.tokenizer, config.data.packing = "char", "concat"
   config.data.vocab_size = len(set(text) - {"\n"}) + 1  # Its characters (lines are documents) and EOS.
-  source = data.make_source(config, str(tmp_path / "work"))
+  source = sources.make_source(config, str(tmp_path / "work"))
   mesh, model, params = untrained(config)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
   # The scored rows' own text, counted independently: EOS reads as a line break.
@@ -213,7 +213,7 @@ def test_bits_per_byte_counts_utf8_bytes(tmp_path):
 
 def test_judge_must_model_the_same_data():
   config = tiny_config()
-  source = data.make_source(config)
+  source = sources.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
   judge_config.data.language_seed = 1
   judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {},
@@ -240,7 +240,7 @@ def test_sample_entropy():
 def test_report_labels_bounds_and_states_the_estimator():
   config = tiny_config(discrete_steps="10")
   mesh, model, params = untrained(config)
-  source = data.make_source(config)
+  source = sources.make_source(config)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
   text = report.render({"step": 7, **results})
   assert "# Evaluation at step 7" in text

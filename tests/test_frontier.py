@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import evaluate
-from md4jax import frontier
-from md4jax import sharding
+from md4jax.data import sources
+from md4jax.evaluation import evaluate
+from md4jax.evaluation import frontier
+from md4jax.runtime import sharding
 
 import oracles
 
@@ -23,7 +23,7 @@ def oracle_setup(model_type="mdm", **frontier_overrides):
   for key, value in frontier_overrides.items():
     config.frontier[key] = value
   config_lib.validate_config(config, num_devices=1)
-  source = data.make_source(config)
+  source = sources.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
   judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, sharding.make_mesh(config),
                          workdir="oracle")
@@ -119,7 +119,7 @@ def test_judge_scores_rows_exactly_over_the_mesh_and_skips_the_prompt():
   # 3 rows on 8 devices: padded to 8, the padding dropped.
   tokens = np.array([[0] * 16, [1] * 16, [0, 1] * 8], np.int32)
   log_p = np.asarray(language.log_prob(tokens), np.float64)
-  np.testing.assert_allclose(judge.nats(data.dense_batch(tokens)), -log_p, rtol=1e-5)
+  np.testing.assert_allclose(judge.nats(sources.dense_batch(tokens)), -log_p, rtol=1e-5)
   perplexity = judge.score(tokens)["generative_perplexity"]
   assert perplexity == pytest.approx(math.exp(-log_p.sum() / tokens.size), rel=1e-5)
   # With a 4-token prompt only the 12 tokens after it count: −log p(x_4: | x_:4).

@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import generate
-from md4jax import objective
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.data import sources
+from md4jax.runtime import sharding
+from md4jax.sampling import generate
+from md4jax.training import objective
+from md4jax.training import state as state_lib
 
 
 def test_ar_sample_is_causal_and_in_vocab():
@@ -17,7 +17,7 @@ def test_ar_sample_is_causal_and_in_vocab():
   mesh = sharding.make_mesh(config, jax.devices()[:1])
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
-  source = data.make_source(config)
+  source = sources.make_source(config)
   tokens, nfe, _, _ = generate.generate(config, model, state.params, source, jax.random.PRNGKey(0))
   assert nfe == config.data.seq_len
   assert tokens.shape == (config.sample.num_samples, config.data.seq_len)

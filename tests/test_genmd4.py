@@ -7,8 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import (categorical, config_lib, diffusion, genmd4, groundtruth, masking, objective,
-                    sampling, schedules)
+from md4jax import config_lib
+from md4jax.diffusion import bounds
+from md4jax.diffusion import genmd4
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion import masking
+from md4jax.diffusion import schedules
+from md4jax.sampling import categorical
+from md4jax.sampling import samplers
+from md4jax.training import objective
 import test_sampling  # pylint: disable=g-bad-import-order
 import test_train  # pylint: disable=g-bad-import-order  (tests/ is on sys.path under pytest)
 
@@ -52,9 +59,9 @@ def test_shared_exponent_is_polyK_to_float_precision(language):
   time_free = language.denoise_fn(MASK_ID)
   for num_steps in (None, 8):
     key = jax.random.PRNGKey(num_steps or 1)
-    genmd4_nats = diffusion.nelbo(key, time_free, x, shared, mask_id=MASK_ID, num_steps=num_steps,
+    genmd4_nats = bounds.nelbo(key, time_free, x, shared, mask_id=MASK_ID, num_steps=num_steps,
                                   reconstruction_time=0.0)
-    poly_nats = diffusion.nelbo(key, time_free, x, poly, mask_id=MASK_ID, num_steps=num_steps)
+    poly_nats = bounds.nelbo(key, time_free, x, poly, mask_id=MASK_ID, num_steps=num_steps)
     np.testing.assert_allclose(genmd4_nats, poly_nats, rtol=2e-5, atol=2e-5)
   t = jnp.full((256,), 0.4)
   z, _ = genmd4.corrupt(masking.row_keys(jax.random.PRNGKey(3), 256), x, shared, t, mask_id=MASK_ID,
@@ -82,7 +89,7 @@ def test_oracle_is_the_brute_force_posterior(language, schedule):
 def _nelbo_minus_exact(language, schedule, num_steps, num_draws, num_sequences=2000):
   x = language.sample(jax.random.PRNGKey(0), num_sequences, LENGTH)
   denoise_fn = language.denoise_fn(MASK_ID, schedule)
-  draw = jax.jit(lambda key: diffusion.nelbo(key, denoise_fn, x, schedule, mask_id=MASK_ID,
+  draw = jax.jit(lambda key: bounds.nelbo(key, denoise_fn, x, schedule, mask_id=MASK_ID,
                                              num_steps=num_steps))
   estimate = np.mean([np.asarray(draw(jax.random.PRNGKey(i)), np.float64) for i in range(num_draws)], 0)
   gap = estimate + np.asarray(language.log_prob(x), np.float64)
@@ -102,7 +109,7 @@ def test_oracle_nelbo_is_the_exact_nll_and_discrete_bounds_lie_above(language, s
 def test_state_dependent_bound_refuses_other_estimators(language, schedule):
   x = language.sample(jax.random.PRNGKey(0), 4, LENGTH)
   with pytest.raises(ValueError, match="has its own bound"):
-    diffusion.nelbo(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), x, schedule,
+    bounds.nelbo(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), x, schedule,
                     mask_id=MASK_ID, estimator="mask_count")
 
 
@@ -190,7 +197,7 @@ def test_exponent_gradient_matches_finite_difference_of_exact_bound(gradient_set
 
 # ---- The sampler ----
 def _samples(language, schedule, num_steps, batch_size=4000, **kwargs):
-  run = jax.jit(lambda key: sampling.sample(
+  run = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID, schedule), batch_size=batch_size, length=LENGTH,
       schedule=schedule, mask_id=MASK_ID, num_steps=num_steps, **kwargs))
   tokens, info = run(jax.random.PRNGKey(5))
@@ -215,11 +222,11 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
   prompt = jnp.full((LENGTH,), MASK_ID).at[0].set(3).at[5].set(1)
   key, num_steps, batch = jax.random.PRNGKey(2), 6, 64
   denoise_fn = language.denoise_fn(MASK_ID, schedule)
-  tokens, info = jax.jit(lambda k: sampling.sample(
+  tokens, info = jax.jit(lambda k: samplers.sample(
       k, denoise_fn, batch_size=batch, length=LENGTH, schedule=schedule, mask_id=MASK_ID,
       num_steps=num_steps, prompt=prompt, record_trajectory=True))(key)
   z = jnp.broadcast_to(prompt, (batch, LENGTH)).astype(jnp.int32)
-  grid = sampling.time_grid(num_steps)
+  grid = samplers.time_grid(num_steps)
   for step in range(num_steps, 0, -1):
     time = jnp.full((batch,), grid[step])
     probs = jax.nn.softmax(denoise_fn(z, time).astype(jnp.float32), -1)
@@ -237,7 +244,7 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
 def test_sampler_refuses_methods_that_assume_one_mask_rate(language, schedule):
   for method in ("cached", "first_hitting", "confidence"):
     with pytest.raises(ValueError, match="samples with method='ancestral' only"):
-      sampling.sample(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), batch_size=2,
+      samplers.sample(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), batch_size=2,
                       length=LENGTH, schedule=schedule, mask_id=MASK_ID, method=method, num_steps=4)
 
 

@@ -1,4 +1,4 @@
-"""Tests of md4jax.groundtruth.MarkovLanguage: exact quantities, sampler, oracle.
+"""Tests of md4jax.diffusion.groundtruth.MarkovLanguage: exact quantities, sampler, oracle.
 
 Exact checks enumerate every sequence (float64 NumPy reference). Statistical
 checks use tolerances derived from the sample itself: 4 Monte Carlo standard
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from md4jax import groundtruth
-from md4jax.groundtruth import MarkovLanguage
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion.groundtruth import MarkovLanguage
 
 P_VALUE = 1e-4        # chi-square tests reject (falsely) with this probability
 MIN_EXPECTED = 5.0    # cells with a smaller expected count are merged

@@ -1,21 +1,50 @@
-"""The package's import arrows run one way: no module imports itself through others."""
+"""The package's import arrows run one way: subpackages are layers, and no module imports itself
+through others."""
 
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "md4jax"
 
+# What each subpackage may import from md4jax, besides itself. The diffusion math and the network
+# know nothing of each other, of data or of training; the trainer knows nothing of evaluation.
+ALLOWED = {
+    "diffusion": set(),
+    "model": set(),
+    "data": {"diffusion"},
+    "runtime": {"data"},
+    "training": {"diffusion", "model", "runtime"},
+    "sampling": {"diffusion", "training", "runtime"},
+    "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "config_lib"},
+}
+ENTRY_POINTS = {"main", "aot", "modes"}
+# The samplers over any denoiser: only the diffusion math beneath them.
+DENOISER_GENERIC = {"sampling.samplers", "sampling.categorical", "sampling.blockwise",
+                    "sampling.trajectory"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
 
 def _imports() -> dict[str, set[str]]:
-  modules = {p.stem for p in PACKAGE.glob("*.py")}
+  """Module -> the md4jax modules it imports, as dotted names below md4jax ("" is md4jax)."""
+  modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
   edges = {m: set() for m in modules}
-  for module in modules:
-    for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text())):
-      if isinstance(node, ast.ImportFrom) and node.module == "md4jax":
-        edges[module] |= {alias.name for alias in node.names} & modules
-      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("md4jax."):
-        edges[module].add(node.module.split(".")[1])
+  for module, path in modules.items():
+    for node in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("md4jax"):
+        continue
+      base = node.module[len("md4jax."):] if node.module != "md4jax" else ""
+      for alias in node.names:
+        name = f"{base}.{alias.name}" if base else alias.name
+        edges[module].add(name if name in modules else base)
   return edges
+
+
+def _top(module: str) -> str:
+  return module.split(".")[0]
 
 
 def test_no_import_circles():
@@ -33,8 +62,32 @@ def test_no_import_circles():
 
   for module in sorted(edges):
     visit(module, [])
-  assert len(order) == len(edges) > 20
-  # The layers the reshape set up: the objective and the state know nothing of training or modes.
-  assert not {"train", "modes", "evaluate"} & edges["objective"]
-  assert not {"train", "modes", "evaluate"} & edges["state"]
-  assert "train" not in edges["evaluate"]
+  assert len(order) == len(edges) > 30
+
+
+def test_subpackages_are_layers():
+  edges = _imports()
+  packages = {_top(m) for m in edges if "." in m}
+  assert packages == set(ALLOWED), "a new subpackage needs its import rule here"
+  for module, imported in edges.items():
+    if "." not in module:
+      continue  # The entry points and the config may import anything.
+    for target in imported:
+      assert _top(target) not in ENTRY_POINTS, f"{module} imports the entry point {target}"
+      if _top(target) != _top(module):
+        assert _top(target) in ALLOWED[_top(module)], f"{module} may not import {target}"
+
+
+def test_samplers_need_only_the_diffusion_math():
+  edges = _imports()
+  for module in DENOISER_GENERIC:
+    outside = {t for t in edges[module] if _top(t) not in ("diffusion", "sampling")}
+    assert not outside, f"{module} imports {outside}"
+    assert not {t for t in edges[module] if t in ("sampling.generate",)}
+
+
+def test_the_objective_and_state_know_nothing_of_the_loop_or_evaluation():
+  edges = _imports()
+  for module in ("training.objective", "training.state"):
+    assert not {"training.train", "modes"} & edges[module]
+    assert not {_top(t) for t in edges[module]} & {"evaluation", "sampling"}

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from md4jax import config_lib
-from md4jax import checkpoint
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.runtime import sharding
+from md4jax.training import checkpoint
+from md4jax.training import state as state_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEXT8_DEV = ROOT.parent / "shared" / "data" / "wiki_text8_dev.txt"
@@ -40,7 +40,7 @@ def read_jsonl(path):
 
 
 def test_train_eval_sample(tmp_path):
-  # With the host allocator setting configs/default.py uses (md4jax.allocator).
+  # With the host allocator setting configs/default.py uses (md4jax.runtime.allocator).
   result = run_cli(tmp_path, "--config.num_train_steps=10", "--config.eval_every_steps=5",
                    "--config.checkpoint_every_steps=5", "--config.reuse_freed_host_memory=True")
   assert "tokens/s" in result.stdout and "ETA" in result.stdout

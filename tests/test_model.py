@@ -1,4 +1,4 @@
-"""Tests for md4jax.model: shapes/dtypes, masking direction, adaLN-Zero, RoPE, remat/scan, splash."""
+"""Tests for md4jax.model.transformer: shapes/dtypes, masking direction, adaLN-Zero, RoPE, remat/scan, splash."""
 import math
 
 import flax.linen as nn
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from md4jax import aot
-from md4jax.model import (Transformer, count_params, flops_per_token, segment_attention_mask,
-                          softmax_attention, splash_attention, splash_block_size)
+from md4jax.model.transformer import (Transformer, count_params, flops_per_token,
+                                      segment_attention_mask, softmax_attention, splash_attention,
+                                      splash_block_size)
 
 V, B, L = 11, 2, 8
 

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import modes
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.runtime import sharding
+from md4jax.training import checkpoint
+from md4jax.training import state as state_lib
 
 
 def load_config(name):

@@ -9,10 +9,10 @@ import optax
 import pytest
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import objective
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.data import sources
+from md4jax.runtime import sharding
+from md4jax.training import objective
+from md4jax.training import state as state_lib
 
 
 def test_ar_inputs_shift_right_with_bos():
@@ -25,7 +25,7 @@ def _untrained(name):
   model = state_lib.build_model(config)
   params = state_lib.init_state(config, model, state_lib.make_optimizer(config),
                                 sharding.make_mesh(config, jax.devices()[:1])).params
-  batch = data.make_source(config).batch(0)
+  batch = sources.make_source(config).batch(0)
   return config, model, params, batch
 
 

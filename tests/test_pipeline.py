@@ -1,4 +1,4 @@
-"""Tests for md4jax.pipeline: packing, determinism, sharding, resume, evaluation, load_data, conditional data."""
+"""Tests for md4jax.data.pipeline: packing, determinism, sharding, resume, evaluation, load_data, conditional data."""
 import itertools
 import json
 import pathlib
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from absl import flags
 
-from md4jax import corpora
-from md4jax import data as data_lib
-from md4jax import diffusion
-from md4jax import pipeline
-from md4jax.pipeline import EvalBatches, TokenizedDocs, TrainIterator
-from md4jax.tokenizer import BpeTokenizer
+from md4jax.data import corpora
+from md4jax.data import pipeline
+from md4jax.data import sources as data_lib
+from md4jax.data.pipeline import EvalBatches, TokenizedDocs, TrainIterator
+from md4jax.data.tokenizer import BpeTokenizer
+from md4jax.diffusion import bounds
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 KEYS = ("editable", "positions", "segment_ids", "tokens")
@@ -364,15 +364,15 @@ def test_conditional_nelbo_never_masks_the_prompt(tmp_path):
     seen.append(np.asarray(z_t))
     return jnp.zeros(z_t.shape + (mask_id,))
 
-  for estimator in diffusion.ESTIMATORS:
+  for estimator in bounds.ESTIMATORS:
     for seed in range(5):
-      diffusion.nelbo(jax.random.PRNGKey(seed), spy, x, "linear", mask_id=mask_id,
+      bounds.nelbo(jax.random.PRNGKey(seed), spy, x, "linear", mask_id=mask_id,
                       editable=editable, estimator=estimator)
   prompt = ~batch["editable"]
   assert seen and all((z[prompt] == batch["tokens"][prompt]).all() for z in seen)
   assert any((z[batch["editable"]] == mask_id).any() for z in seen)  # Responses are masked.
   # Scored tokens are the response tokens only.
-  np.testing.assert_array_equal(diffusion.num_valid_tokens(x, editable),
+  np.testing.assert_array_equal(bounds.num_valid_tokens(x, editable),
                                 batch["editable"].sum(-1))
 
 

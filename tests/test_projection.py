@@ -1,10 +1,10 @@
-"""Tests for md4jax.projection: the matmul and its custom gradient against jnp.einsum's."""
+"""Tests for md4jax.model.projection: the matmul and its custom gradient against jnp.einsum's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax.projection import project
+from md4jax.model.projection import project
 
 
 # The first kernel's output is its larger side (its gradient is x · g), the second's its

@@ -18,13 +18,13 @@ import jax
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from md4jax import checkpoint
 from md4jax import config_lib
 from md4jax import modes
-from md4jax import preemption
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import workdir as workdir_lib
+from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
+from md4jax.training import checkpoint
+from md4jax.training import preemption
+from md4jax.training import state as state_lib
 
 
 def tiny(**overrides):
@@ -232,6 +232,18 @@ def test_resuming_with_safe_changes_goes_on(workdir):
                 mesh__data=1, mesh__fsdp=-1, eval__num_mc_samples=1)
   modes.train_and_evaluate(config, workdir)
   assert restore(workdir, config).step == 24
+
+
+def test_a_workdir_written_before_the_package_layout_move_resumes(tmp_path):
+  # tests/data/workdir_before_layout: `configs/tiny.py` run for 10 steps by the flat-module
+  # package (before md4jax/ had subpackages); its checkpoint names no module path.
+  old = tmp_path / "old"
+  shutil.copytree(pathlib.Path(__file__).parent / "data" / "workdir_before_layout", old)
+  assert restore(old).step == 10
+  config = tiny(num_train_steps=12)
+  config.eval.discrete_steps, config.eval.profile_bins = "", 0
+  modes.train_and_evaluate(config, old)
+  assert restore(old, config).step == 12
 
 
 # ---- A full disk

@@ -1,9 +1,9 @@
-"""Tests for md4jax.rope: relative positions, the host table, out-of-range positions."""
+"""Tests for md4jax.model.rope: relative positions, the host table, out-of-range positions."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from md4jax.rope import apply_rope, rope_cos_sin
+from md4jax.model.rope import apply_rope, rope_cos_sin
 
 
 def test_rope_relative_position():

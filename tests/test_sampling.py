@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax import blockwise, categorical, groundtruth, sampling, schedules
+from md4jax.diffusion import groundtruth
+from md4jax.diffusion import schedules
+from md4jax.sampling import blockwise
+from md4jax.sampling import categorical
+from md4jax.sampling import samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -24,7 +28,7 @@ def language():
 @functools.lru_cache(maxsize=None)
 def _samples(language, method, num_steps, schedule_name="linear", batch_size=NUM_SAMPLES, seed=1):
   schedule = schedules.get_schedule(schedule_name)
-  run = jax.jit(lambda key: sampling.sample(
+  run = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID), batch_size=batch_size, length=LENGTH, schedule=schedule,
       mask_id=MASK_ID, method=method, num_steps=num_steps))
   tokens, info = run(jax.random.PRNGKey(seed))
@@ -95,7 +99,7 @@ def _reference_ancestral(key, denoise_fn, batch_size, schedule, num_steps):
 def test_jitted_loop_equals_python_loop(language):
   schedule = schedules.get_schedule("cosine")
   key = jax.random.PRNGKey(5)
-  tokens, nfe = jax.jit(lambda k: sampling.sample(
+  tokens, nfe = jax.jit(lambda k: samplers.sample(
       k, language.denoise_fn(MASK_ID), batch_size=16, length=LENGTH, schedule=schedule,
       mask_id=MASK_ID, num_steps=8))(key)
   np.testing.assert_array_equal(tokens, _reference_ancestral(key, language.denoise_fn(MASK_ID), 16,
@@ -109,7 +113,7 @@ def test_cached_equals_ancestral_with_fewer_calls(language):
   np.testing.assert_array_equal(cached, ancestral)
   assert ancestral_nfe == 64
   # NFE ≤ the number of distinct reveal events (steps at which some token was revealed).
-  _, info = jax.jit(lambda key: sampling.sample(
+  _, info = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID), batch_size=8, length=LENGTH,
       schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="cached", num_steps=64,
       record_trajectory=True))(jax.random.PRNGKey(3))
@@ -127,7 +131,7 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None,
     jax.debug.callback(lambda value: states.append(np.asarray(value)), z, ordered=True)
     return oracle(z, alpha)
 
-  tokens, info = jax.jit(lambda key: sampling.sample(
+  tokens, info = jax.jit(lambda key: samplers.sample(
       key, recording, batch_size=32, length=LENGTH, schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID, method=method, num_steps=num_steps, prompt=prompt,
       prompt_mask=prompt_mask, **kwargs))(jax.random.PRNGKey(2))
@@ -183,7 +187,7 @@ def test_jump_costs_at_most_L_calls_at_any_T(language):
 def test_threshold_reveals_every_confident_position_and_at_least_one():
   threshold = 0.7
   peaked = groundtruth.MarkovLanguage(VOCAB, seed=0, concentration=0.05)  # Confident neighbours.
-  _, info = jax.jit(lambda key: sampling.sample(
+  _, info = jax.jit(lambda key: samplers.sample(
       key, peaked.denoise_fn(MASK_ID), batch_size=64, length=LENGTH,
       schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="threshold",
       threshold=threshold, record_trajectory=True, trajectory_top_k=1))(jax.random.PRNGKey(4))
@@ -218,23 +222,23 @@ def test_bad_arguments_raise(language):
   oracle = language.denoise_fn(MASK_ID)
   key = jax.random.PRNGKey(0)
   with pytest.raises(ValueError, match="Unknown sampling method"):
-    sampling.sample(key, oracle, method="beam", num_steps=4, **kwargs)
+    samplers.sample(key, oracle, method="beam", num_steps=4, **kwargs)
   with pytest.raises(ValueError, match="num_steps"):
-    sampling.sample(key, oracle, method="ancestral", **kwargs)
+    samplers.sample(key, oracle, method="ancestral", **kwargs)
   with pytest.raises(ValueError, match="top_p"):
-    sampling.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
+    samplers.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
   with pytest.raises(ValueError, match="time grid"):
-    sampling.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
+    samplers.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
   for method, threshold in (("threshold", None), ("threshold", 1.5), ("ancestral", 0.9)):
     with pytest.raises(ValueError, match=r"needs a threshold in \(0, 1\]"):
-      sampling.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
+      samplers.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
 
 
 @pytest.mark.parametrize("method,num_steps", [("ancestral", 6), ("first_hitting", None)])
 def test_trajectory_records_every_state(language, method, num_steps):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[0].set(3)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[0].set(True)
-  tokens, info = jax.jit(lambda key: sampling.sample(
+  tokens, info = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID), batch_size=4, length=LENGTH,
       schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method=method,
       num_steps=num_steps, prompt=prompt, prompt_mask=prompt_mask, record_trajectory=True,
@@ -301,10 +305,10 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
 @pytest.mark.slow
 def test_cosine_time_grid_samples_the_chain_exactly(language):
   """The cosine grid puts more steps near t = 0 and, with many steps, is still exact."""
-  grid = np.asarray(sampling.time_grid(8, "cosine"))
+  grid = np.asarray(samplers.time_grid(8, "cosine"))
   assert grid[0] == 0 and grid[-1] == pytest.approx(1.0) and np.all(np.diff(grid) > 0)
   assert np.diff(grid)[0] < 1 / 8 < np.diff(grid)[-1]
-  tokens, _ = jax.jit(lambda key: sampling.sample(
+  tokens, _ = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID), batch_size=NUM_SAMPLES, length=LENGTH,
       schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=256,
       time_grid_kind="cosine"))(jax.random.PRNGKey(9))
@@ -312,11 +316,11 @@ def test_cosine_time_grid_samples_the_chain_exactly(language):
   assert abs(gap) < 4 * se, (gap, se)
 
 
-@pytest.mark.parametrize("confidence", sampling.CONFIDENCES)
+@pytest.mark.parametrize("confidence", samplers.CONFIDENCES)
 def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, confidence):
   """Linear schedule, T = 4 steps, 12 masks: floor(12·s) stay masked after each step (9, 6, 3, 0),
   and the revealed positions are the most confident ones."""
-  _, info = jax.jit(lambda key: sampling.sample(
+  _, info = jax.jit(lambda key: samplers.sample(
       key, language.denoise_fn(MASK_ID), batch_size=8, length=LENGTH,
       schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="confidence",
       num_steps=4, confidence=confidence, record_trajectory=True))(jax.random.PRNGKey(1))

@@ -1,4 +1,4 @@
-"""Tests of md4jax.schedules: endpoints, derivatives, weights, registry, jit.
+"""Tests of md4jax.diffusion.schedules: endpoints, derivatives, weights, registry, jit.
 
 Reference values are the closed forms of docs/MATH.md ("Schedules"), computed
 in float64 NumPy. Float32 tolerances: values in [0, 1] are compared with an
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from md4jax import schedules
-from md4jax.schedules import get_schedule
+from md4jax.diffusion import schedules
+from md4jax.diffusion.schedules import get_schedule
 
 NAMES = ["linear", "cosine", "poly2", "poly3", "poly0.5", "loglinear", "geometric"]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.data import sources
+from md4jax.runtime import sharding
+from md4jax.training import state as state_lib
 
 
 def _mesh_config(data_axis, fsdp, tensor):
@@ -66,7 +66,7 @@ def test_one_process_holds_the_whole_batch_and_device_batch_splits_it():
   config = config_lib.load_config("tiny")
   mesh = sharding.make_mesh(config)
   assert sharding.process_batch_shard(mesh, 16) == (0, 1)
-  batch = data.make_source(config).batch(0)
+  batch = sources.make_source(config).batch(0)
   arrays = sharding.device_batch(batch, mesh)
   assert arrays["tokens"].shape == (16, 16) and len(arrays["tokens"].sharding.device_set) == 8
   host = sharding.to_host(arrays)

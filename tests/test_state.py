@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from md4jax import config_lib
-from md4jax import sharding
-from md4jax import state as state_lib
+from md4jax.runtime import sharding
+from md4jax.training import state as state_lib
 
 
 def load_config(name):

@@ -1,9 +1,9 @@
-"""Tests for md4jax.tokenizer: round trips, save/load, resume, errors."""
+"""Tests for md4jax.data.tokenizer: round trips, save/load, resume, errors."""
 import numpy as np
 import pytest
 
-from md4jax import tokenizer as tokenizer_lib
-from md4jax.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer
+from md4jax.data import tokenizer as tokenizer_lib
+from md4jax.data.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer
 
 _WORDS = ("the cat sat on a mat while dogs ran far away under big blue skies and "
           "seven quiet rivers flowed into the sea Überall café naïve").split()

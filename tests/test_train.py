@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from md4jax import config_lib
-from md4jax import data
-from md4jax import sharding
-from md4jax import state as state_lib
-from md4jax import train
+from md4jax.data import sources
+from md4jax.runtime import sharding
+from md4jax.training import state as state_lib
+from md4jax.training import train
 
 
 # Loss of the first step of configs/tiny.py on one device. It changes only when the
@@ -36,7 +36,7 @@ def first_steps(config, devices, num_steps=1):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, state)
-  iterator = data.make_source(config).train_iterator()
+  iterator = sources.make_source(config).train_iterator()
   history = []
   for _ in range(num_steps):
     state, metrics = step_fn(state, sharding.device_batch(next(iterator), mesh))

@@ -1,4 +1,4 @@
-"""Tests of md4jax.trajectory on hand-built trajectories with a known reveal order."""
+"""Tests of md4jax.sampling.trajectory on hand-built trajectories with a known reveal order."""
 import html.parser
 import json
 import os
@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from md4jax import trajectory as traj
+from md4jax.sampling import trajectory as traj
 
 MASK = 30
 S, B, L, K = 4, 2, 8, 3

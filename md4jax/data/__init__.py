@@ -1,0 +1,1 @@
+"""Text and generated data: corpora, tokenizers, token caches and the batch pipeline."""

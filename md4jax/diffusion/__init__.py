@@ -1,0 +1,1 @@
+"""The diffusion math: masking schedules, the forward process, the NELBO, GenMD4 and the generated language."""

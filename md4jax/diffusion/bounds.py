@@ -1,0 +1,241 @@
+"""The masked-diffusion NELBO (the forward process itself is in `md4jax.diffusion.masking`).
+
+Pure functions over arrays and a denoiser callable (MATH.md has the formulas):
+
+  denoise_fn(z_t [B, L] int, alpha_t [B] float) -> logits [B, L, V]
+
+over the clean vocabulary, V == mask_id: the mask is the first id past the
+vocabulary, an input-only id that can never be predicted.
+
+The bound. Write λ = 1 − α for the mask rate and h(λ) = (1/λ) E[Σ_masked CE]
+for the expected weighted cross-entropy when every editable token is masked
+independently with probability λ. The continuous-time NELBO is
+
+  L∞ = ∫_0^1 −α′(t) h(1 − α(t)) dt  +  ∫_0^{1−α(0)} h dλ  +  ∫_{1−α(1)}^1 h dλ.
+
+The first integral is the schedule's; the other two are the endpoint terms a
+schedule with α(0) < 1 (reconstruction) or α(1) > 0 (prior) needs: the reverse
+process is continued below mask rate 1 − α(0) down to 0 and above 1 − α(1) up
+to the all-mask state, so the generative model always starts from all-mask and
+ends fully revealed. With them the bound equals ∫_0^1 h dλ for every schedule
+(the invariance theorem made exact), and each is estimated by Monte Carlo with
+λ uniform on its interval. The discrete-time bound replaces the first integral
+by Σ_i (α(t_{i−1}) − α(t_i)) h(1 − α(t_i)) on the grid t_i = i/T.
+
+No truncation t ≥ ε is applied to these schedules: t is drawn in (0, 1] and a
+weight only multiplies positions that are masked.
+
+A state-dependent schedule (`schedule.state_dependent`, GenMD4) masks each
+token value at its own rate; `nelbo` then evaluates `md4jax.diffusion.genmd4`'s bound
+and calls denoise_fn(z_t, t) with the time t [B].
+"""
+
+import math
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from md4jax.diffusion import genmd4
+from md4jax.diffusion import masking
+from md4jax.diffusion import schedules as schedules_lib
+# The forward process, re-exported: callers know them as diffusion.corrupt etc.
+from md4jax.diffusion.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_denoiser, corrupt,
+                                      cross_entropy, masked_cross_entropy, row_keys, sample_times,
+                                      subs_log_probs)
+
+__all__ = ["ESTIMATORS", "T_SAMPLINGS", "bits_per_token", "checked_denoiser", "continuous_loss_at",
+           "corrupt", "cross_entropy", "masked_cross_entropy", "nelbo", "nelbo_surrogate",
+           "num_valid_tokens", "perplexity", "row_keys", "sample_times", "subs_log_probs"]
+
+ESTIMATORS = ("standard", "forced_target", "mask_count")
+
+
+def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, mask_id, estimator,
+                   per_mask_weight, rate_weight) -> Array:
+  """One Monte Carlo draw of a term rate_weight · h(1 − alpha_t), per sequence [B].
+
+  "standard" scores every masked position with per_mask_weight = rate_weight / λ;
+  "forced_target" forces one uniformly chosen editable position I masked and
+  scores only it: E[CE_I | I masked] · n_editable = h(λ), so the weight is
+  rate_weight · n_editable (seed 001, with −α′(t)/g(t) as rate_weight).
+  """
+  n_editable = editable.sum(-1)
+  if estimator == "standard":
+    z_t = corrupt(key, x, alpha_t, mask_id=mask_id, editable=editable)
+    ce = masked_cross_entropy(denoise_fn(z_t, alpha_t), x, z_t, mask_id=mask_id)
+    return per_mask_weight * ce.sum(-1)
+  target_key, mask_key = masking.split_keys(key, 2)
+  scores = jnp.where(editable, masking.uniform(target_key, x.shape), -1.0)
+  target = jnp.argmax(scores, axis=-1)  # Uniform among editable positions.
+  forced = jax.nn.one_hot(target, x.shape[-1], dtype=jnp.bool_) & editable
+  z_t = corrupt(mask_key, x, alpha_t, mask_id=mask_id, editable=editable & ~forced)
+  z_t = jnp.where(forced, mask_id, z_t).astype(x.dtype)
+  ce = masked_cross_entropy(denoise_fn(z_t, alpha_t), x, z_t, mask_id=mask_id)
+  target_ce = jnp.take_along_axis(ce, target[:, None], axis=-1)[:, 0]
+  return jnp.where(n_editable > 0, rate_weight * n_editable * target_ce, 0.0)
+
+
+def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t: Array, *,
+                       mask_id: int, editable: Optional[Array] = None,
+                       estimator: str = "standard") -> Array:
+  """The continuous-time integrand at given times t [B]: w(t) Σ_masked CE, per sequence [B].
+
+  Its mean over t ~ U(0, 1] is the schedule's part of L∞ (no endpoint terms).
+  """
+  editable = masking.editable_or_all(x, editable)
+  return _weighted_term(key, denoise_fn, x, schedule.alpha(t), editable, mask_id=mask_id,
+                        estimator=estimator, per_mask_weight=schedule.weight(t),
+                        rate_weight=-schedule.dalpha(t))
+
+
+def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask_id, estimator):
+  """One draw of the discrete-time sum: step i uniform on 1..T (from u in (0, 1]), times T."""
+  step = jnp.clip(jnp.ceil(u * num_steps), 1, num_steps)
+  t, s = step / num_steps, (step - 1) / num_steps
+  mask_rate_t = schedule.mask_prob(t)
+  rate_weight = num_steps * (mask_rate_t - schedule.mask_prob(s))  # T (α(s) − α(t))
+  return _weighted_term(key, denoise_fn, x, schedule.alpha(t), editable, mask_id=mask_id,
+                        estimator=estimator, per_mask_weight=rate_weight / mask_rate_t,
+                        rate_weight=rate_weight)
+
+
+def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator):
+  """One draw of ∫_low^high h(λ) dλ with λ uniform on (low, high]."""
+  time_key, term_key = masking.split_keys(key, 2)
+  mask_rate = high - (high - low) * masking.uniform(time_key, (x.shape[0],))
+  return _weighted_term(term_key, denoise_fn, x, 1.0 - mask_rate, editable, mask_id=mask_id,
+                        estimator=estimator, per_mask_weight=(high - low) / mask_rate,
+                        rate_weight=jnp.full_like(mask_rate, high - low))
+
+
+def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
+  """∫_0^1 h dλ with λ integrated out given the mask count k (bounded variance).
+
+  Under λ ~ U(0, 1) the number k of masked editable positions is uniform on
+  0..n, the masked set is a uniform k-subset, and, reweighted by 1/λ, λ | k is
+  Beta(k, n − k + 1): the k-th smallest of the n uniforms that choose the set.
+  Hence ∫ h dλ = E_{k ~ U{1..n}} [(n/k) Σ_{masked} CE(z, α = 1 − λ)], exact for
+  any denoiser of (z, α), and with no 1/λ weight left.
+  """
+  n_editable = editable.sum(-1)
+  num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
+  scores = jnp.where(editable, masking.uniform(key, x.shape), 2.0)  # Non-editable sort last.
+  order = jnp.argsort(scores, axis=-1)
+  # Ranks, not a threshold: float32 uniforms tie often enough at long L to mask k + 1.
+  masked = editable & (jnp.argsort(order, axis=-1) < num_masked[:, None])
+  sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
+  kth_smallest = jnp.take_along_axis(sorted_scores, num_masked[:, None] - 1, axis=-1)
+  z = jnp.where(masked, mask_id, x).astype(x.dtype)
+  alpha = 1.0 - jnp.minimum(kth_smallest[:, 0], 1.0)  # Sequences with nothing editable: α = 0.
+  ce = masked_cross_entropy(denoise_fn(z, alpha), x, z, mask_id=mask_id)
+  return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)
+
+
+def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
+          editable: Optional[Array] = None, num_steps: Optional[int] = None,
+          estimator: str = "standard", t_sampling: str = "stratified",
+          row_index: Optional[Array] = None, num_rows: Optional[int] = None,
+          reconstruction_time: float = 1e-4) -> Array:
+  """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
+
+  Args:
+    key: PRNG key. Row b draws from fold_in(key, row_index[b]) (and, stratified,
+      from one u shared by the global batch), so its estimate depends on its
+      global index only, never on how the batch is split.
+    denoise_fn: (z_t, alpha_t) -> logits [B, L, mask_id]; (z_t, t) for a
+      state-dependent schedule.
+    x: clean tokens [B, L] in [0, mask_id).
+    schedule: a `md4jax.diffusion.schedules` schedule (or its name).
+    mask_id: the mask id, == V.
+    editable: bool [B, L]; False positions (padding, prompt) are neither masked
+      nor scored and do not count as tokens.
+    num_steps: None for the continuous-time bound, an integer T for the
+      discrete-time bound on the grid t_i = i/T (looser, → L∞ as T grows).
+    estimator: "standard" (w(t) Σ_masked CE), "forced_target" (seed 001: one
+      forced-masked target position, weight −α′(t) · n_editable), or
+      "mask_count" (continuous only: uniform mask count, bounded variance).
+    t_sampling: "uniform" or "stratified" (low-discrepancy over the batch).
+    row_index: int [B], the rows' indices in the global batch (default 0..B−1).
+    num_rows: the global batch size (default B); stratified t uses it.
+    reconstruction_time: state-dependent schedules only: the ε below which
+      one reconstruction step reveals everything (`md4jax.diffusion.genmd4`); 0 = none.
+  Returns:
+    Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
+  """
+  if isinstance(schedule, str):
+    schedule = schedules_lib.get_schedule(schedule)
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"Unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}.")
+  if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
+                                or num_steps < 1):
+    raise ValueError(f"num_steps must be None (continuous time) or an integer >= 1, got {num_steps!r}.")
+  if estimator == "mask_count" and num_steps is not None:
+    raise ValueError("estimator='mask_count' estimates the continuous-time bound only; "
+                     "use 'standard' or 'forced_target' with num_steps.")
+  if schedule.state_dependent and estimator != "standard":
+    raise ValueError(f"A state-dependent schedule ({schedule.name}) has its own bound; "
+                     f"estimator={estimator!r} applies to mask-rate schedules only, use 'standard'.")
+  if x.ndim != 2:
+    raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
+  chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
+  if editable is not None:
+    chex.assert_shape(editable, x.shape, custom_message="nelbo: editable must have x's shape [B, L]")
+  if row_index is not None:
+    chex.assert_shape(row_index, x.shape[:1], custom_message="nelbo: row_index must be [B]")
+  editable = masking.editable_or_all(x, editable)
+  denoise_fn = checked_denoiser(denoise_fn, mask_id)
+  time_key, draw_key = jax.random.split(key)
+  u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
+  main_key, recon_key, prior_key = masking.split_keys(row_keys(draw_key, x.shape[0], row_index), 3)
+  kwargs = dict(mask_id=mask_id)
+  if schedule.state_dependent:
+    return genmd4.nelbo((main_key, recon_key), denoise_fn, x, schedule, u, editable, num_steps=num_steps,
+                        reconstruction_time=reconstruction_time, **kwargs)
+  if estimator == "mask_count":
+    return _mask_count_term(main_key, denoise_fn, x, u, editable, **kwargs)
+  kwargs["estimator"] = estimator
+  if num_steps is None:
+    total = continuous_loss_at(main_key, denoise_fn, x, schedule, u, editable=editable, **kwargs)
+  else:
+    total = _discrete_term(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps, **kwargs)
+  if schedule.needs_reconstruction_term:
+    total += _endpoint_term(recon_key, denoise_fn, x, editable, 0.0, 1.0 - schedule.alpha_at_0, **kwargs)
+  if schedule.needs_prior_term:
+    total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0, **kwargs)
+  return total
+
+
+def nelbo_surrogate(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
+                    editable: Optional[Array] = None, gradient: str = "rloo",
+                    row_index: Optional[Array] = None, num_rows: Optional[int] = None,
+                    reconstruction_time: float = 1e-4) -> tuple[Array, Array]:
+  """(NELBO [B], surrogate [B]) of a state-dependent schedule from two draws per row, t stratified.
+
+  Equal in value; the surrogate's gradient also holds the score-function term
+  of the schedule's parameters ("rloo" or "score", `md4jax.diffusion.genmd4.surrogate`).
+  """
+  if not schedule.state_dependent:
+    raise ValueError(f"nelbo_surrogate is for state-dependent schedules, got {schedule.name!r}.")
+  editable = masking.editable_or_all(x, editable)
+  time_key, draw_key = jax.random.split(key)
+  u = sample_times(time_key, x.shape[0], "stratified", row_index=row_index, num_rows=num_rows)
+  return genmd4.surrogate(row_keys(draw_key, x.shape[0], row_index), checked_denoiser(denoise_fn, mask_id),
+                          x, schedule, u, editable, mask_id=mask_id, gradient=gradient,
+                          reconstruction_time=reconstruction_time)
+
+
+def num_valid_tokens(x: Array, editable: Optional[Array] = None) -> Array:
+  """Number of tokens each sequence is scored on, [B] (the per-token denominator)."""
+  return masking.editable_or_all(x, editable).sum(-1)
+
+
+def bits_per_token(total_nats, num_tokens):
+  """NELBO in bits per valid token: divides by the valid-token count, never the mask count."""
+  return total_nats / (num_tokens * math.log(2.0))
+
+
+def perplexity(total_nats, num_tokens):
+  """exp(NELBO per valid token): an upper bound on the true perplexity."""
+  return jnp.exp(total_nats / num_tokens)

@@ -1,0 +1,1 @@
+"""Evaluation: bounds with standard errors, reports, plots and the sample-quality frontier."""

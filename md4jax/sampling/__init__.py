@@ -1,0 +1,1 @@
+"""Reverse-process samplers over any denoiser, and generation from a trained workdir."""

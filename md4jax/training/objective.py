@@ -1,0 +1,116 @@
+"""The per-sequence objective of a model on a batch: training and evaluation score rows the same way.
+
+A batch is a dict of [B, L] arrays: `tokens`, `segment_ids` (0 = padding),
+`positions` and `editable` (the positions that are masked and scored: never
+padding, nor a conditional example's prompt, which the model reads but never
+predicts). segment_ids and positions are None when each row is one whole
+segment at positions 0 .. L-1 (`md4jax.data.sources.dense_batch`).
+
+The AR model scores all L tokens: its input is [BOS, x_0, ..., x_{L-2}] with
+BOS = vocab_size (the id the denoiser's embedding reserves for the mask, which
+a causal model never sees otherwise), and its target is x. Its NLL per token is
+then comparable to the diffusion NELBO per token.
+
+A learned masking schedule (config.diffusion.schedule in
+`schedules.LEARNED_NAMES`, GenMD4) lives in the params beside the network's,
+under SCHEDULE_PARAMS: θ [V] (or [1], shared), exponents w = softplus(θ).
+`schedule_of` rebuilds the schedule from params and `network_params` strips it.
+"""
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from md4jax.diffusion import bounds
+from md4jax.diffusion import schedules
+
+
+def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
+  """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it."""
+  return jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
+
+
+SCHEDULE_PARAMS = "masking_schedule"  # Top-level params entry of a learned schedule: {"theta": [V] or [1]}.
+
+
+def is_learned(config: ml_collections.ConfigDict) -> bool:
+  return config.diffusion.schedule in schedules.LEARNED_NAMES
+
+
+def initial_schedule_params(config: ml_collections.ConfigDict) -> dict:
+  """θ with softplus(θ) = diffusion.exponent_init: one per token, or one shared."""
+  size = config.data.vocab_size if config.diffusion.schedule == "learned_tokenpoly" else 1
+  w = config.diffusion.exponent_init
+  theta = w + jnp.log(-jnp.expm1(-jnp.float32(w)))  # softplus⁻¹(w), stable for any w > 0.
+  return {"theta": jnp.full((size,), theta, jnp.float32)}
+
+
+def exponents(params: Any, config: ml_collections.ConfigDict) -> jax.Array:
+  """The learned schedule's w [V] (a shared exponent broadcast to every token)."""
+  theta = params[SCHEDULE_PARAMS]["theta"]
+  return jnp.broadcast_to(jax.nn.softplus(theta), (config.data.vocab_size,))
+
+
+def schedule_of(params: Any, config: ml_collections.ConfigDict):
+  """The masking schedule: config.diffusion.schedule, or the one learned in params."""
+  if is_learned(config):
+    return schedules.get_schedule("tokenpoly", exponents=exponents(params, config))
+  return schedules.get_schedule(config.diffusion.schedule)
+
+
+def network_params(params: Any) -> Any:
+  """The network's params alone (without a learned schedule's θ)."""
+  if isinstance(params, dict) and SCHEDULE_PARAMS in params:
+    return {k: v for k, v in params.items() if k != SCHEDULE_PARAMS}
+  return params
+
+
+def denoiser(model, params, batch: dict):
+  """denoise_fn(z_t, alpha_t or t) -> logits of the mdm model on the batch's documents."""
+  segments, positions = batch["segment_ids"], batch["positions"]
+  network = network_params(params)
+  return lambda z_t, time: model.apply({"params": network}, z_t, time, segments, positions)
+
+
+def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
+                  estimator: str, t_sampling: str, num_steps: Optional[int] = None,
+                  row_index: Optional[jax.Array] = None, num_rows: Optional[int] = None) -> jax.Array:
+  """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
+
+  row_index [B] and num_rows place the rows in their global batch (default:
+  the batch is the global batch), so a row's draws do not depend on how the
+  batch is split (`bounds.nelbo`).
+  """
+  tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
+  editable = batch["editable"].astype(bool)
+  vocab_size = config.data.vocab_size
+  if config.model.type == "ar":
+    # Each document starts from BOS: a packed document never reads its predecessor's end.
+    inputs = ar_inputs(tokens, vocab_size)
+    if positions is not None:
+      inputs = jnp.where(positions == 0, vocab_size, inputs)
+    logits = model.apply({"params": params}, inputs, None, segments, positions)
+    return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
+  return bounds.nelbo(key, denoiser(model, params, batch), tokens, schedule_of(params, config),
+                         mask_id=vocab_size, editable=editable, estimator=estimator,
+                         t_sampling=t_sampling, num_steps=num_steps, row_index=row_index,
+                         num_rows=num_rows, reconstruction_time=config.diffusion.reconstruction_time)
+
+
+def training_loss(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
+                  row_index: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+  """(loss to differentiate [B], NELBO draw [B]): equal in value; for a learned schedule the
+  first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`)."""
+  if not is_learned(config) or config.model.type == "ar":
+    nats = sequence_nats(params, batch, key, model=model, config=config,
+                         estimator=config.training.estimator, t_sampling="stratified",
+                         row_index=row_index, num_rows=num_rows)
+    return nats, nats
+  nats, surrogate = bounds.nelbo_surrogate(
+      key, denoiser(model, params, batch), batch["tokens"], schedule_of(params, config),
+      mask_id=config.data.vocab_size, editable=batch["editable"].astype(bool),
+      gradient=config.diffusion.exponent_gradient, row_index=row_index, num_rows=num_rows,
+      reconstruction_time=config.diffusion.reconstruction_time)
+  return surrogate, nats

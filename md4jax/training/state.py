@@ -1,0 +1,105 @@
+"""Building a run: the model, the optimizer and the train state, sharded over a mesh.
+
+The state is created directly with its shardings: params, optimizer state and
+EMA follow the model's logical axis names through `md4jax.runtime.sharding`'s rules,
+so an FSDP mesh never holds a full copy of any of them on one device.
+"""
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from md4jax.model import transformer as model_lib
+from md4jax.runtime import sharding
+from md4jax.training import objective
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer steps taken.
+  params: Any
+  opt_state: Any
+  ema_params: Any  # Used for evaluation and sampling.
+  rng: jax.Array  # Raw uint32 key; step k uses fold_in(rng, k).
+
+
+def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
+  m = config.model
+  return model_lib.Transformer(
+      vocab_size=config.data.vocab_size, num_layers=m.num_layers, model_dim=m.model_dim,
+      num_heads=m.num_heads, mlp_dim=m.mlp_dim, causal=m.type == "ar",
+      time_conditioning=m.time_conditioning, dtype=jnp.dtype(m.dtype), attention=m.attention,
+      remat=m.remat, scan_layers=m.scan_layers, norm=m.norm, mlp=m.mlp, embed_dim=m.embed_dim,
+      output_init=m.output_init)
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup from 0 to the peak, then cosine decay to 0 at the last step."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=config.optimizer.learning_rate,
+      warmup_steps=config.optimizer.warmup_steps, decay_steps=config.num_train_steps, end_value=0.0)
+
+
+def weight_decay_mask(params) -> Any:
+  """True for matrices; norm scales, biases and other vectors are not decayed."""
+  def decays(path, param):
+    return param.ndim >= 2 and not any("norm" in str(getattr(k, "key", k)) for k in path)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW on everything; a learned schedule's θ moves at diffusion.exponent_learning_rate
+  (its Adam step rescaled, on the same warmup and decay) and is clipped on its own, so its
+  noisy score-function gradient never shrinks the network's step."""
+  opt = config.optimizer
+  adamw = optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
+                      weight_decay=opt.weight_decay, mask=weight_decay_mask)
+  if not objective.is_learned(config):
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adamw)
+  def is_theta(params, theta=True):
+    return {k: jax.tree.map(lambda _: (k == objective.SCHEDULE_PARAMS) == theta, v)
+            for k, v in params.items()}
+  ratio = config.diffusion.exponent_learning_rate / opt.learning_rate
+  return optax.chain(
+      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), functools.partial(is_theta, theta=False)),
+      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), is_theta),
+      adamw, optax.masked(optax.scale(ratio), is_theta))
+
+
+def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> TrainState:
+  """A fresh state whose params (and the optimizer state and EMA made from them) are still boxed
+  with their logical axis names."""
+  params_rng, step_rng = jax.random.split(rng)
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  params = model.init(params_rng, tokens, jnp.ones((1,)))["params"]
+  if objective.is_learned(config):
+    params = {**params, objective.SCHEDULE_PARAMS: objective.initial_schedule_params(config)}
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    ema_params=jax.tree.map(jnp.copy, params), rng=step_rng)
+
+
+def abstract_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:
+  """The state's shapes, dtypes and shardings on `mesh`, without allocating it."""
+  boxed = jax.eval_shape(functools.partial(_boxed_state, config, model, optimizer),
+                         jax.random.PRNGKey(config.seed))
+  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                      nn.meta.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+
+
+def state_shardings(state: TrainState) -> TrainState:
+  """The sharding of every leaf of a state or of its abstract_state."""
+  return jax.tree.map(lambda leaf: leaf.sharding, state)
+
+
+def init_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:
+  """A fresh TrainState, created directly with its shardings."""
+  shardings = state_shardings(abstract_state(config, model, optimizer, mesh))
+  init = lambda rng: nn.meta.unbox(_boxed_state(config, model, optimizer, rng))
+  return jax.jit(init, out_shardings=shardings)(jax.random.PRNGKey(config.seed))
