@@ -22,7 +22,7 @@ VOCAB = 5
 MASK_ID = VOCAB
 LENGTH = 16
 NUM_SEQUENCES = 2000
-ALL_SCHEDULES = ("linear", "cosine", "poly2", "poly3", "loglinear", "geometric")
+ALL_SCHEDULES = ("linear", "cosine", "poly2", "poly3", "loglinear", "geometric", "md4linear")
 
 
 @pytest.fixture(scope="module")

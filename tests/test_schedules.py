@@ -18,7 +18,8 @@ from scipy import integrate
 from md4jax.diffusion import schedules
 from md4jax.diffusion.schedules import get_schedule
 
-NAMES = ["linear", "cosine", "poly2", "poly3", "poly0.5", "loglinear", "geometric"]
+NAMES = ["linear", "cosine", "poly2", "poly3", "poly0.5", "loglinear", "geometric", "md4linear"]
+MD4_EPS = 1e-4
 
 # MATH.md table: exact endpoints (α(0), α(1)) for the default parameters.
 EXPECTED_ENDPOINTS = {
@@ -29,6 +30,7 @@ EXPECTED_ENDPOINTS = {
     "poly0.5": (1.0, 0.0),
     "loglinear": (1.0, 1e-3),
     "geometric": (math.exp(-1e-4), math.exp(-20.0)),
+    "md4linear": (1.0 - MD4_EPS, MD4_EPS),
 }
 
 # Grid in (0, 1]: log-spaced near 0, then uniform up to 1 (both ends included).
@@ -68,6 +70,9 @@ def _closed_form_impl(name, t):
     a = np.exp(-sbar)
     minus_da = a * sbar * np.log(smax / smin)
     return a, minus_da, minus_da / -np.expm1(-sbar)
+  if name == "md4linear":
+    slope = 1 - 2 * MD4_EPS
+    return slope * (1 - t) + MD4_EPS, np.full_like(t, slope), slope / (slope * t + MD4_EPS)
   raise AssertionError(name)
 
 
@@ -84,6 +89,8 @@ def _mask_prob_ref(name, t):
     return (1 - 1e-3) * t
   if name == "geometric":
     return -np.expm1(-(1e-4**(1 - t) * 20.0**t))
+  if name == "md4linear":
+    return (1 - 2 * MD4_EPS) * t + MD4_EPS
   raise AssertionError(name)
 
 
@@ -110,7 +117,8 @@ def test_endpoint_term_flags(name):
   s = get_schedule(name)
   assert s.needs_reconstruction_term == (s.alpha_at_0 < 1.0)
   assert s.needs_prior_term == (s.alpha_at_1 > 0.0)
-  expected = {"geometric": (True, True), "loglinear": (False, True)}.get(name, (False, False))
+  expected = {"geometric": (True, True), "loglinear": (False, True),
+              "md4linear": (True, True)}.get(name, (False, False))
   assert (s.needs_reconstruction_term, s.needs_prior_term) == expected
 
 
@@ -216,6 +224,7 @@ def test_weight_simple_closed_forms(name):
       "poly3": lambda t: 3 / t,
       "poly0.5": lambda t: 0.5 / t,
       "cosine": lambda t: (np.pi / 2) / np.tan(np.pi * t / 2),
+      "md4linear": lambda t: (1 - 2 * MD4_EPS) / ((1 - 2 * MD4_EPS) * t + MD4_EPS),
   }
   with jax.enable_x64(True):
     np.testing.assert_allclose(np.asarray(s.weight(jnp.asarray(t, jnp.float64))), simple[name](t), rtol=1e-10, atol=1e-14)
@@ -232,10 +241,43 @@ def test_weight_finite_nonnegative(name, x64):
     assert w.dtype == np.dtype(dtype)
     assert np.all(np.isfinite(w)), w
     assert np.all(w >= 0), w
-    # At t = 1e-7, w is large but of the right size (≈ 1/t · K, or ≈ 1/t for the others).
+    # At t = 1e-7, w is large but of the right size (≈ 1/t · K, or ≈ 1/t for the others;
+    # md4linear's is bounded by (1 − 2ε)/ε).
     w_small = float(s.weight(jnp.asarray(1e-7, dtype)))
     _, _, ref = _closed_form(name, np.float64(np.asarray(1e-7, dtype)))
     assert w_small == pytest.approx(float(ref), rel=1e-4)
+
+
+# ---------------------------------------------------------------- inverse
+@pytest.mark.parametrize("name", NAMES)
+def test_time_of_inverts_alpha(name):
+  """time_of(α(t)) = t (float64, to rounding), and α's outside [α(1), α(0)] clip to 0 or 1."""
+  s = get_schedule(name)
+  with jax.enable_x64(True):
+    t = np.concatenate([[0.0], GRID[GRID >= 1e-3]])  # Below, α(t) rounds to α(0) for some.
+    back = np.asarray(s.time_of(s.alpha(jnp.asarray(t, jnp.float64))))
+    # cosine: arcsin's slope 1/√(1 − x²) magnifies rounding near t = 1.
+    np.testing.assert_allclose(back, t, rtol=1e-6 if name == "cosine" else 1e-9, atol=1e-9)
+    outside = np.asarray(s.time_of(jnp.asarray([1.0, 0.0], jnp.float64)))
+  np.testing.assert_array_equal(outside, [0.0, 1.0])
+  # float32: within a few ulp of α, magnified by 1/|α′(t)| (away from the flat ends).
+  t32 = jnp.asarray(GRID[(GRID >= 0.05) & (GRID <= 0.95)], jnp.float32)
+  np.testing.assert_allclose(np.asarray(s.time_of(s.alpha(t32))), np.asarray(t32), atol=2e-5)
+
+
+def test_state_dependent_schedule_has_no_inverse():
+  with pytest.raises(NotImplementedError, match="per token"):
+    get_schedule("tokenpoly", exponents=jnp.ones(3)).time_of(jnp.float32(0.5))
+
+
+def test_md4linear_is_md4s_squeezed_linear_schedule():
+  """α(t) = (1 − 2ε)(1 − t) + ε exactly at float32, as MD4 computes it; w(0) = (1 − 2ε)/ε."""
+  s = get_schedule("md4linear")
+  t = jnp.asarray(GRID, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(s.alpha(t)),
+                                np.float32(1 - 2 * MD4_EPS) * (np.float32(1) - np.asarray(t))
+                                + np.float32(MD4_EPS))
+  assert float(s.weight(jnp.float32(0.0))) == pytest.approx((1 - 2 * MD4_EPS) / MD4_EPS, rel=1e-6)
 
 
 # ---------------------------------------------------------------- registry
@@ -264,7 +306,7 @@ def test_get_schedule_types_and_params():
   g = get_schedule("geometric", sigma_min=1e-3, sigma_max=10.0)
   assert (g.sigma_min, g.sigma_max) == (1e-3, 10.0)
   assert g.alpha_at_0 == math.exp(-1e-3) and g.alpha_at_1 == math.exp(-10.0)
-  for name in ["linear", "cosine", "loglinear", "geometric", "poly2", "poly3"]:
+  for name in ["linear", "cosine", "loglinear", "geometric", "poly2", "poly3", "md4linear"]:
     assert get_schedule(name).name == name
 
 
@@ -277,6 +319,8 @@ def test_get_schedule_types_and_params():
     lambda: schedules.Geometric(sigma_min=0.0, sigma_max=20.0),
     lambda: schedules.Polynomial(power=0.0),
     lambda: schedules.Polynomial(power=-2.0),
+    lambda: schedules.MD4Linear(eps=0.5),
+    lambda: schedules.MD4Linear(eps=-1e-4),
     lambda: get_schedule("loglinear", eps=1.5),
     lambda: get_schedule("geometric", sigma_min=5.0, sigma_max=1.0),
 ])

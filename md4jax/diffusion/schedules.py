@@ -2,7 +2,9 @@
 
 Every schedule is a frozen dataclass with pure, jit-able methods over arrays:
 `alpha(t)`, `mask_prob(t)` = 1 − α(t) (computed without cancellation),
-`dalpha(t)` = α′(t) (analytic) and `weight(t)` = −α′(t) / (1 − α(t)).
+`dalpha(t)` = α′(t) (analytic), `weight(t)` = −α′(t) / (1 − α(t)) and, for a
+mask-rate schedule, its inverse `time_of(alpha)` (a denoiser conditioned on t
+rather than on α, `md4jax.training.objective.denoiser`).
 
 Endpoints. The continuous-time NELBO depends on a schedule only through its
 endpoints (MATH.md, "Invariance"). Each schedule states `alpha_at_0` and
@@ -11,7 +13,8 @@ endpoints (MATH.md, "Invariance"). Each schedule states `alpha_at_0` and
     reconstruction term for them;
   * α(1) > 0 means some tokens are still visible at t = 1, so the all-mask prior
     does not match q(z_1 | x) and the bound needs a prior term.
-`md4jax.diffusion.bounds.nelbo` adds both terms whenever a schedule needs them.
+`md4jax.diffusion.bounds.nelbo` adds both terms whenever a schedule needs them (or,
+with endpoint_terms="md4", MD4's constant reconstruction term and no prior term).
 
 State-dependent schedules (GenMD4, `TokenPolynomial`): each clean token value v
 has its own α_v(t); their methods return [..., V] for times [...], and their
@@ -73,6 +76,14 @@ class Schedule(abc.ABC):
     """w(t) = −α′(t) / (1 − α(t)), the continuous-time NELBO weight."""
     return -self.dalpha(t) / self.mask_prob(t)
 
+  def time_of(self, alpha: Array) -> Array:
+    """The time t with α(t) = alpha, clipped to [0, 1] (alpha past an endpoint: that endpoint's t)."""
+    return jnp.clip(self._inverse(jnp.asarray(alpha)), 0.0, 1.0)
+
+  def _inverse(self, alpha: Array) -> Array:
+    """α⁻¹, unclipped; mask-rate schedules define it."""
+    raise NotImplementedError(f"{type(self).__name__} has no inverse α⁻¹: its α(t) is per token.")
+
   @property
   def needs_reconstruction_term(self) -> bool:
     return self.alpha_at_0 < 1.0
@@ -96,6 +107,47 @@ class Linear(Schedule):
 
   def dalpha(self, t):
     return -jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(float)))
+
+  def _inverse(self, alpha):
+    return 1.0 - alpha
+
+
+@dataclasses.dataclass(frozen=True)
+class MD4Linear(Schedule):
+  """MD4's linear schedule α(t) = (1 − 2ε)(1 − t) + ε, ε = 1e-4 (md4/models/diffusion/md4.py).
+
+  Endpoints α(0) = 1 − ε < 1 and α(1) = ε > 0: both endpoint terms; MD4 itself adds a
+  constant reconstruction term and no prior term (config.diffusion.endpoint_terms = "md4").
+  w(t) = (1 − 2ε) / ((1 − 2ε) t + ε), at most (1 − 2ε)/ε at t = 0.
+  """
+
+  eps: float = 1e-4
+
+  name = "md4linear"
+
+  def __post_init__(self):
+    if not 0.0 <= self.eps < 0.5:
+      raise ValueError(f"MD4Linear schedule needs 0 <= eps < 0.5, got {self.eps}.")
+
+  @property
+  def alpha_at_0(self):
+    return 1.0 - self.eps
+
+  @property
+  def alpha_at_1(self):
+    return float(self.eps)
+
+  def alpha(self, t):
+    return (1.0 - 2.0 * self.eps) * (1.0 - t) + self.eps
+
+  def mask_prob(self, t):
+    return (1.0 - 2.0 * self.eps) * jnp.asarray(t) + self.eps
+
+  def dalpha(self, t):
+    return -(1.0 - 2.0 * self.eps) * jnp.ones_like(jnp.asarray(t, dtype=jnp.result_type(float)))
+
+  def _inverse(self, alpha):
+    return (1.0 - self.eps - alpha) / (1.0 - 2.0 * self.eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +176,9 @@ class Polynomial(Schedule):
   def weight(self, t):
     return self.power / t  # K t^(K−1) / t^K, simplified so t → 0 does not divide 0 by 0.
 
+  def _inverse(self, alpha):
+    return jnp.power(1.0 - alpha, 1.0 / self.power)
+
 
 @dataclasses.dataclass(frozen=True)
 class Cosine(Schedule):
@@ -143,6 +198,9 @@ class Cosine(Schedule):
 
   def dalpha(self, t):
     return -0.5 * jnp.pi * jnp.sin(0.5 * jnp.pi * (1.0 - t))
+
+  def _inverse(self, alpha):
+    return jnp.arcsin(jnp.clip(1.0 - alpha, -1.0, 1.0)) / (0.5 * jnp.pi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +234,9 @@ class LogLinear(Schedule):
 
   def weight(self, t):
     return 1.0 / t
+
+  def _inverse(self, alpha):
+    return (1.0 - alpha) / (1.0 - self.eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +277,10 @@ class Geometric(Schedule):
   def dalpha(self, t):
     sigma_bar = self._sigma_bar(t)
     return -jnp.exp(-sigma_bar) * sigma_bar * math.log(self.sigma_max / self.sigma_min)
+
+  def _inverse(self, alpha):
+    # log σ̄ is linear in t; α = 1 gives −inf and α = 0 +inf, both clipped by time_of.
+    return (jnp.log(-jnp.log(alpha)) - math.log(self.sigma_min)) / math.log(self.sigma_max / self.sigma_min)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -269,6 +334,7 @@ def _polynomial_from_name(name: str, **kwargs) -> Schedule:
 
 _REGISTRY: dict[str, Callable[..., Schedule]] = {
     "linear": Linear,
+    "md4linear": MD4Linear,
     "cosine": Cosine,
     "loglinear": LogLinear,
     "geometric": Geometric,
