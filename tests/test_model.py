@@ -10,7 +10,7 @@ import pytest
 from md4jax import aot
 from md4jax.model.transformer import (Transformer, count_params, flops_per_token,
                                       segment_attention_mask, softmax_attention, splash_attention,
-                                      splash_block_size)
+                                      splash_block_size, timestep_features)
 
 V, B, L = 11, 2, 8
 
@@ -374,6 +374,78 @@ def test_md4_model_choices():
   sigmoid = _model(mlp="sigmoid_glu")
   assert not np.allclose(sigmoid.apply({"params": base_params}, tokens),
                          base.apply({"params": base_params}, tokens))
-  for bad in (dict(norm="batch"), dict(mlp="relu"), dict(output_init="ones")):
+  for bad in (dict(norm="batch"), dict(mlp="relu"), dict(output_init="ones"), dict(weight_init="xavier"),
+              dict(time_features="vdm"), dict(adaln_activation="gelu")):
     with pytest.raises(ValueError, match="unknown"):
       init(_model(**bad), jax.random.key(0), tokens)
+
+
+@pytest.mark.parametrize("weight_init", ["fan_in", "fan_in_mlp_depth"])
+def test_fan_in_inits(weight_init):
+  """Truncated normal of variance scale/fan_in for every matrix (the MLP's at 2/N under
+  fan_in_mlp_depth), N(0, 1/width) for the embedding, zeros for adaLN and biases."""
+  N, D, F, E = 4, 64, 256, 32
+  model = _model(num_layers=N, model_dim=D, mlp_dim=F, embed_dim=E, weight_init=weight_init,
+                 time_conditioning="adaln", biases=True, time_dim=16, time_hidden_dim=48)
+  p = init(model, jax.random.key(0), _tokens(), _alpha())["params"]
+  mlp_scale = 2 / N if weight_init == "fan_in_mlp_depth" else 1.0
+  blk = p["block_0"]
+  expected = {
+      "qkv": (blk["attn"]["qkv"]["kernel"], 1 / D), "out": (blk["attn"]["out"]["kernel"], 1 / D),
+      "gate": (blk["mlp"]["gate"]["kernel"], mlp_scale / D),
+      "up": (blk["mlp"]["up"]["kernel"], mlp_scale / D),
+      "down": (blk["mlp"]["down"]["kernel"], mlp_scale / F),
+      "embed": (p["embed"]["embedding"], 1 / E), "embed_proj": (p["embed_proj"]["kernel"], 1 / E),
+      "time_in": (p["time_in"]["kernel"], 1 / 16), "time_out": (p["time_out"]["kernel"], 1 / 48),
+      "logits": (p["logits"]["kernel"], 1 / D),
+  }
+  for name, (kernel, variance) in expected.items():
+    np.testing.assert_allclose(float(jnp.std(kernel)), math.sqrt(variance), rtol=0.15, err_msg=name)
+  # Truncated at two standard deviations (of the untruncated normal), except the embedding's.
+  bound = 2 * math.sqrt(1 / D) / 0.87962566103423978
+  assert float(jnp.abs(blk["attn"]["qkv"]["kernel"]).max()) <= bound
+  assert float(jnp.abs(p["embed"]["embedding"]).max()) > 2 / 0.87962566103423978 / math.sqrt(E)
+  for zero in (blk["adaln"]["kernel"], blk["adaln"]["bias"], p["final_adaln"]["bias"],
+               p["embed_proj"]["bias"], p["time_in"]["bias"], p["time_out"]["bias"]):
+    np.testing.assert_array_equal(zero, 0.0)
+
+
+def test_time_path_options():
+  """time_dim, time_hidden_dim, biases and the adaLN activation shape the time path; every
+  option changes the function (checked on random params)."""
+  tokens, alpha = _tokens(), _alpha(0.3)
+  md4 = dict(time_conditioning="adaln", time_features="ddpm", time_dim=8, time_hidden_dim=32,
+             biases=True, adaln_activation="sigmoid", embed_dim=8)
+  model = _model(**md4)
+  params = init(model, jax.random.key(0), tokens, alpha)
+  p = params["params"]
+  assert p["time_in"]["kernel"].shape == (8, 32) and p["time_in"]["bias"].shape == (32,)
+  assert p["time_out"]["kernel"].shape == (32, 8) and p["time_out"]["bias"].shape == (8,)
+  assert p["block_0"]["adaln"]["kernel"].shape == (8, 6 * 32)
+  assert p["block_0"]["adaln"]["bias"].shape == (6 * 32,)
+  assert p["final_adaln"]["kernel"].shape == (8, 2 * 32) and p["embed_proj"]["bias"].shape == (32,)
+  assert "bias" not in p["logits"] and "bias" not in p["block_0"]["mlp"]["gate"]
+  params = _perturb(params, scale=0.3)
+  logits = model.apply(params, tokens, alpha)
+  for change in (dict(time_features="dit"), dict(adaln_activation="silu"), dict(norm_eps=1e-2)):
+    other = _model(**{**md4, **change}).apply(params, tokens, alpha)
+    assert float(jnp.abs(other - logits).max()) > 1e-4, change
+  # Without biases the bias params are not read: the tree lacks them.
+  nobias = init(_model(**{**md4, "biases": False}), jax.random.key(0), tokens, alpha)["params"]
+  assert "bias" not in nobias["time_in"] and "bias" not in nobias["block_0"]["adaln"]
+
+
+def test_ddpm_time_features():
+  """[sin, cos] of 1000·t at frequencies 10000^(−i/(half − 1)), computed as float64 here."""
+  t = np.asarray([0.0, 0.1234, 0.5, 1.0], np.float32)
+  got = np.asarray(timestep_features(jnp.asarray(t), 10, style="ddpm"))
+  freqs = 10000.0 ** (-np.arange(5) / 4.0)
+  args = 1000.0 * t.astype(np.float64)[:, None] * freqs
+  np.testing.assert_allclose(got, np.concatenate([np.sin(args), np.cos(args)], axis=1), atol=2e-4)
+  assert got.shape == (4, 10) and got[0, 5:].tolist() == [1.0] * 5
+  dit = np.asarray(timestep_features(jnp.asarray(t), 10, style="dit"))
+  np.testing.assert_allclose(dit[:, :5], np.cos(1000.0 * t[:, None] * 10000.0 ** (-np.arange(5) / 5)),
+                             atol=2e-4)
+  with pytest.raises(ValueError, match="time width >= 4"):
+    _model(time_conditioning="adaln", time_features="ddpm", time_dim=2).init(
+        jax.random.key(0), _tokens(), _alpha())
