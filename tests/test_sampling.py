@@ -230,7 +230,7 @@ def test_bad_arguments_raise(language):
   with pytest.raises(ValueError, match="time grid"):
     samplers.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
   for method, threshold in (("threshold", None), ("threshold", 1.5), ("ancestral", 0.9)):
-    with pytest.raises(ValueError, match=r"needs a threshold in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"needs a threshold in \[0, 1\]"):
       samplers.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
 
 

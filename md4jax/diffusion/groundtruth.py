@@ -38,11 +38,27 @@ class MarkovLanguage:
     self.transition = (1.0 - smoothing) * rows + smoothing / vocab_size  # float64 [V, V]
     self.initial = _stationary(self.transition)  # float64 [V]
 
+  @classmethod
+  def from_transition(cls, transition, initial=None) -> "MarkovLanguage":
+    """The chain of a given transition matrix [V, V], which may hold exact zeros and one-hot rows
+    (degenerate laws, for tests); started from `initial` [V] (default: its stationary law)."""
+    transition = np.asarray(transition, np.float64)
+    if transition.ndim != 2 or transition.shape[0] != transition.shape[1] or transition.shape[0] < 2:
+      raise ValueError(f"transition must be [V, V] with V >= 2, got shape {transition.shape}.")
+    if np.any(transition < 0) or not np.allclose(transition.sum(-1), 1.0):
+      raise ValueError("transition rows must be probabilities that sum to 1.")
+    language = cls.__new__(cls)
+    language.vocab_size = transition.shape[0]
+    language.transition = transition
+    language.initial = (_stationary(transition) if initial is None
+                        else np.asarray(initial, np.float64) / np.sum(initial))
+    return language
+
   # ---- Exact quantities (float64, NumPy) ----
   def entropy(self, length: int) -> float:
     """Exact H(x_1..x_length) in nats."""
-    row_entropy = -(self.transition * np.log(self.transition)).sum(-1)
-    marginal, total = self.initial, -(self.initial * np.log(self.initial)).sum()
+    row_entropy = -_x_log_x(self.transition).sum(-1)
+    marginal, total = self.initial, -_x_log_x(self.initial).sum()
     for _ in range(length - 1):
       total += marginal @ row_entropy
       marginal = marginal @ self.transition
@@ -108,8 +124,9 @@ class MarkovLanguage:
                            jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)).transpose(1, 0, 2)
 
       def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
-        filtered = message * e
-        filtered /= filtered.sum(-1, keepdims=True)
+        # Visible tokens of probability 0 (a heuristic sampler can reveal such a pair) leave
+        # nothing to condition on: the chain restarts from what is seen at ℓ.
+        filtered = _normalized_or(message * e, e)
         return filtered @ transition, message
 
       first = jnp.broadcast_to(initial, evidence.shape[1:])
@@ -117,22 +134,35 @@ class MarkovLanguage:
 
       def backward(message, e):  # message: p(visible after ℓ | x_ℓ) up to a constant.
         out = message
-        message = (e * message) @ transition.T
-        return message / message.sum(-1, keepdims=True), out
+        return _normalized_or((e * message) @ transition.T, jnp.ones_like(message)), out
 
       last = jnp.ones(evidence.shape[1:], jnp.float32)
       _, future = jax.lax.scan(backward, last, evidence, reverse=True)
-      posterior = predicted * future * evidence
-      posterior /= posterior.sum(-1, keepdims=True)
+      # In a context of probability 0 the posterior is undefined; the oracle then keeps the
+      # evidence from the left (and, failing that, what position ℓ itself allows).
+      posterior = _normalized_or(predicted * future * evidence,
+                                 _normalized_or(predicted * evidence, evidence))
       return jnp.log(jnp.maximum(posterior, _LOG_FLOOR)).transpose(1, 0, 2)
 
     return denoise
+
+
+def _normalized_or(weights: Array, fallback: Array) -> Array:
+  """weights / their sum over the last axis; fallback / its sum where the weights are all 0."""
+  total = weights.sum(-1, keepdims=True)
+  fallback = fallback / fallback.sum(-1, keepdims=True)
+  return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), fallback)
 
 
 def _thresholds(probs: np.ndarray) -> Array:
   """Cumulative thresholds [..., V - 1] uint32 of laws probs [..., V]: round(2^32 · P(token <= k))."""
   cumulative = np.cumsum(probs / probs.sum(-1, keepdims=True), axis=-1)[..., :-1]
   return jnp.asarray(np.minimum(np.round(cumulative * 2.0 ** 32), 2.0 ** 32 - 1).astype(np.uint32))
+
+
+def _x_log_x(p: np.ndarray) -> np.ndarray:
+  """p log p, with 0 log 0 = 0."""
+  return np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
 
 
 def _stationary(transition: np.ndarray) -> np.ndarray:

@@ -49,13 +49,16 @@ def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, tot
     given = jnp.concatenate([known, jnp.full((batch_size, pad), mask_id, jnp.int32)], axis=1)
     return given, jnp.arange(window) < known.shape[1]
 
+  method = sample_kwargs.get("method", "ancestral")
   tokens, info = sample_window(jax.random.fold_in(key, 0), *clamped(prefix))
+  samplers.check_logits(info, method)
   nfe, num_blocks = int(info["nfe"]), 1
   keep = window - block_length
   while tokens.shape[1] < total_length:
     if eos_id is not None and bool(jnp.all(jnp.any(tokens == eos_id, axis=1))):
       break
     new, info = sample_window(jax.random.fold_in(key, num_blocks), *clamped(tokens[:, tokens.shape[1] - keep:]))
+    samplers.check_logits(info, method)
     tokens = jnp.concatenate([tokens, new[:, keep:]], axis=1)
     nfe, num_blocks = nfe + int(info["nfe"]), num_blocks + 1
   tokens = tokens[:, :total_length]

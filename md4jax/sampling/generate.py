@@ -117,6 +117,7 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
   (tokens, info), seconds = _timed(lambda p, k, pr, pm: samplers.sample(
       k, denoiser(p), batch_size=cfg.num_samples, length=length, prompt=pr, prompt_mask=pm,
       record_trajectory=record_trajectory, **sample_kwargs), params, key, prompt, prompt_mask)
+  samplers.check_logits(info, cfg.method)
   trajectory = info.get("trajectory")
   return np.asarray(tokens), int(info["nfe"]), seconds, trajectory
 

@@ -1,10 +1,17 @@
 """Reverse-process samplers for masked diffusion LMs (MATH.md, "Reverse process").
 
 Pure, traceable functions over any `denoise_fn(z, alpha) -> logits [B, L, V]`
-with V == mask_id; loops are `lax.fori_loop` / `lax.while_loop`, so a caller
-jits `sample` once with the model parameters as an argument:
+with V == mask_id; loops are `lax.fori_loop` / `lax.while_loop`. `sample` called with
+concrete arrays compiles once per denoiser and settings and checks the logits; a caller
+who changes the model parameters jits it once with them as an argument:
 
   jax.jit(lambda key, params: sample(key, lambda z, a: model.apply(params, z, a), ...))
+
+Every loop is bounded by the calls its method states (`max_calls`): the adaptive ones
+(jump, first_hitting, confidence, threshold) reveal at least one masked position of every
+unfinished row per call, whatever the logits, and no method returns the mask id. Logits
+with a NaN or +inf, or with no finite value, at a masked position are reported
+(info["nonfinite_call"]) and raised as NonFiniteLogitsError.
 
 Methods:
   ancestral      the exact reverse step t → s on a time grid: every masked
@@ -48,12 +55,14 @@ outcomes, the last of which (id V = mask_id) is "stay masked". μ is the
 denoiser's law after temperature / top-k / top-p.
 """
 
+import dataclasses
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from md4jax.diffusion import bounds
 from md4jax.sampling import categorical
@@ -81,10 +90,10 @@ def _initial_tokens(batch_size, length, mask_id, prompt, prompt_mask) -> Array:
   if prompt is None:
     return z
   prompt = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, length))
-  if prompt_mask is None:
-    prompt_mask = prompt != mask_id
-  prompt_mask = jnp.broadcast_to(jnp.asarray(prompt_mask, jnp.bool_), (batch_size, length))
-  return jnp.where(prompt_mask, prompt, z)
+  given = prompt != mask_id  # A position holding the mask id is filled, whatever prompt_mask says.
+  if prompt_mask is not None:
+    given &= jnp.broadcast_to(jnp.asarray(prompt_mask, jnp.bool_), (batch_size, length))
+  return jnp.where(given, prompt, z)
 
 
 def _alphas(schedule, t, batch_size):
@@ -116,6 +125,24 @@ def _record(trajectory, index, z_after, logits, alpha):
   }
 
 
+def _nonfinite_rows(logits, z, mask_id):
+  """[B] bool: a masked position of the row got a NaN or +inf logit, or no finite one."""
+  broken = jnp.isnan(logits).any(-1) | (logits == jnp.inf).any(-1) | ~jnp.isfinite(logits).any(-1)
+  return (broken & (z == mask_id)).any(-1)
+
+
+def _first_bad_call(first_bad, call, bad_rows):
+  """The index of the first call whose logits were broken (−1 while none was)."""
+  return jnp.where((first_bad < 0) & bad_rows.any(), call, first_bad)
+
+
+def _masked_scores(scores, masked):
+  """Scores of masked positions, finite and above every unmasked position's (−inf): a NaN or
+  −inf score (from broken logits) still ranks a masked position before any visible one."""
+  lowest = jnp.finfo(jnp.float32).min
+  return jnp.where(masked, jnp.nan_to_num(scores, nan=lowest, neginf=lowest), -jnp.inf)
+
+
 def _reveal_probability(schedule, grid, step):
   """(α(s) − α(t)) / (1 − α(t)) from t = grid[step] to s = grid[step − 1]; 1 on the last step."""
   mask_t, mask_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
@@ -128,7 +155,7 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
   batch_size = z.shape[0]
 
   def body(i, carry):
-    z, logits, cache_valid, nfe, trajectory = carry
+    z, logits, cache_valid, nfe, first_bad, trajectory = carry
     step = num_steps - i  # From T down to 1.
     step_key = jax.random.fold_in(key, step)
     reveal_key, draw_key = jax.random.split(step_key)
@@ -139,15 +166,16 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
     alpha = _alphas(schedule, grid[step], batch_size)
     logits = jax.lax.cond(need_call, lambda: denoise_fn(z, alpha).astype(jnp.float32),
                           lambda: logits)
+    first_bad = _first_bad_call(first_bad, nfe, need_call & _nonfinite_rows(logits, z, mask_id))
     z = jnp.where(reveal, draw(draw_key, logits), z)
     cache_valid = (cache_valid | need_call) & ~any_reveal
     trajectory = _record(trajectory, i, z, logits, alpha)
-    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32), trajectory
+    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32), first_bad, trajectory
 
   logits = jnp.zeros(z.shape + (mask_id,), jnp.float32)
-  init = (z, logits, jnp.bool_(False), jnp.int32(0), trajectory)
-  z, _, _, nfe, trajectory = jax.lax.fori_loop(0, num_steps, body, init)
-  return z, nfe, trajectory
+  init = (z, logits, jnp.bool_(False), jnp.int32(0), jnp.int32(-1), trajectory)
+  z, _, _, nfe, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, init)
+  return z, nfe, first_bad, trajectory
 
 
 def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind,
@@ -156,10 +184,11 @@ def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
   batch_size = z.shape[0]
 
   def body(i, carry):
-    z, trajectory = carry
+    z, first_bad, trajectory = carry
     step = num_steps - i
     time = jnp.full((batch_size,), grid[step], jnp.float32)
     logits = denoise_fn(z, time).astype(jnp.float32)
+    first_bad = _first_bad_call(first_bad, i, _nonfinite_rows(logits, z, mask_id))
     mask_t, mask_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
     # P(still masked at s | masked at t, value v) [V]; 0 on the last step (α_v(0) = 1).
     stay = jnp.where((step > 1) & (mask_t > 0), mask_s / jnp.where(mask_t > 0, mask_t, 1.0), 0.0)
@@ -170,10 +199,10 @@ def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
     outcome = categorical.sample_categorical(jax.random.fold_in(key, step), outcome_logits,
                                              noise=noise)
     z = jnp.where(z == mask_id, outcome, z)  # Outcome mask_id: stays masked.
-    return z, _record(trajectory, i, z, logits, time)
+    return z, first_bad, _record(trajectory, i, z, logits, time)
 
-  z, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, trajectory))
-  return z, jnp.int32(num_steps), trajectory
+  z, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, jnp.int32(-1), trajectory))
+  return z, jnp.int32(num_steps), first_bad, trajectory
 
 
 def _reveal_at_least_one(key, masked, reveal_prob):
@@ -196,13 +225,14 @@ def _reveal_at_least_one(key, masked, reveal_prob):
 def _jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, trajectory):
   grid = time_grid(num_steps, grid_kind)
   mask_grid = schedule.mask_prob(grid)  # λ(t_0) ≤ ... ≤ λ(t_T), [T + 1].
-  batch_size = z.shape[0]
+  batch_size, length = z.shape
+  max_calls = min(num_steps, length)  # Each call moves every unfinished row ≥ 1 step, ≥ 1 reveal.
 
   def cond(carry):
-    return (carry[0] == mask_id).any()
+    return (carry[2] < max_calls) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, step, nfe, trajectory = carry  # step [B]: the next grid step each sequence processes.
+    z, step, nfe, first_bad, trajectory = carry  # step [B]: the next grid step each row processes.
     hit_key, reveal_key, draw_key = jax.random.split(jax.random.fold_in(key, nfe), 3)
     masked = z == mask_id
     n = masked.sum(-1)
@@ -217,13 +247,15 @@ def _jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, tra
     reveal = _reveal_at_least_one(reveal_key, masked, reveal_prob)
     alpha = schedule.alpha(grid[event]).astype(jnp.float32)
     logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = _first_bad_call(first_bad, nfe, _nonfinite_rows(logits, z, mask_id))
     z = jnp.where(reveal, draw(draw_key, logits), z)
     step = jnp.where(n > 0, event - 1, step)
-    return z, step, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
+    return z, step, nfe + 1, first_bad, _record(trajectory, nfe, z, logits, alpha)
 
-  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), trajectory)
-  z, _, nfe, trajectory = jax.lax.while_loop(cond, body, init)
-  return z, nfe, _repeat_final(trajectory, z, nfe)
+  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), jnp.int32(-1),
+          trajectory)
+  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, _repeat_final(trajectory, z, nfe)
 
 
 def _repeat_final(trajectory, z, nfe):
@@ -237,32 +269,36 @@ def _repeat_final(trajectory, z, nfe):
 def _threshold(key, denoise_fn, z, mask_id, threshold, draw, filtered, trajectory):
   length = z.shape[1]
 
-  def cond(carry):
-    return (carry[0] == mask_id).any()
+  def cond(carry):  # Each call reveals ≥ 1 position of every unfinished row: ≤ L calls.
+    return (carry[1] < length) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, nfe, trajectory = carry
+    z, nfe, first_bad, trajectory = carry
     masked = z == mask_id
     alpha = 1.0 - masked.sum(-1) / length  # The share already revealed.
     logits = denoise_fn(z, alpha).astype(jnp.float32)
-    top = jnp.where(masked, jax.nn.softmax(filtered(logits), axis=-1).max(-1), -1.0)
+    first_bad = _first_bad_call(first_bad, nfe, _nonfinite_rows(logits, z, mask_id))
+    top = _masked_scores(jax.nn.softmax(filtered(logits), axis=-1).max(-1), masked)
+    # The most confident masked position: argmax over top, where a broken (NaN) score of a
+    # masked position still beats every visible one (a visible "best" would reveal nothing).
     best = jax.nn.one_hot(jnp.argmax(top, -1), length, dtype=jnp.bool_)
     reveal = masked & ((top >= threshold) | best)
     z = jnp.where(reveal, draw(jax.random.fold_in(key, nfe), logits), z)
-    return z, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
+    return z, nfe + 1, first_bad, _record(trajectory, nfe, z, logits, alpha)
 
-  z, nfe, trajectory = jax.lax.while_loop(cond, body, (z, jnp.int32(0), trajectory))
-  return z, nfe, _repeat_final(trajectory, z, nfe)
+  init = (z, jnp.int32(0), jnp.int32(-1), trajectory)
+  z, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, _repeat_final(trajectory, z, nfe)
 
 
 def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
   batch_size, length = z.shape
 
-  def cond(carry):
-    return (carry[0] == mask_id).any()
+  def cond(carry):  # One reveal per unfinished row and call: ≤ L calls.
+    return (carry[2] < length) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, mask_rate, nfe, trajectory = carry
+    z, mask_rate, nfe, first_bad, trajectory = carry
     event_key = jax.random.fold_in(key, nfe)
     time_key, position_key, draw_key = jax.random.split(event_key, 3)
     masked = z == mask_id
@@ -273,14 +309,15 @@ def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
     # The denoiser sees z just above the hitting time, with α at that time.
     alpha = 1.0 - mask_rate
     logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = _first_bad_call(first_bad, nfe, _nonfinite_rows(logits, z, mask_id))
     scores = jnp.where(masked, jax.random.uniform(position_key, z.shape), -1.0)
     position = jax.nn.one_hot(jnp.argmax(scores, -1), length, dtype=jnp.bool_) & masked
     z = jnp.where(position, draw(draw_key, logits), z)
-    return z, mask_rate, nfe + 1, _record(trajectory, nfe, z, logits, alpha)
+    return z, mask_rate, nfe + 1, first_bad, _record(trajectory, nfe, z, logits, alpha)
 
-  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), trajectory)
-  z, _, nfe, trajectory = jax.lax.while_loop(cond, body, init)
-  return z, nfe, _repeat_final(trajectory, z, nfe)
+  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), jnp.int32(-1), trajectory)
+  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, _repeat_final(trajectory, z, nfe)
 
 
 def _confidence_scores(logits, kind):
@@ -304,27 +341,148 @@ def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
   # Each step reveals at least one mask per sequence, so with T > L the batch is done before
   # step T; the steps after that would change nothing, and are not run.
   def cond(carry):
-    i, z, _ = carry
+    i, z, _, _ = carry
     return (i < num_steps) & (z == mask_id).any()
 
   def body(carry):
-    i, z, trajectory = carry
+    i, z, first_bad, trajectory = carry
     step = num_steps - i
     masked = z == mask_id
     alpha = _alphas(schedule, grid[step], batch_size)
     logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = _first_bad_call(first_bad, i, _nonfinite_rows(logits, z, mask_id))
     # Masks to keep after this step: the schedule's share of the initial ones (0 at the end).
     share = schedule.mask_prob(grid[step - 1]) / schedule.mask_prob(grid[num_steps])
     keep = jnp.where(step == 1, 0, jnp.floor(initial_masked * share).astype(jnp.int32))
     num_reveal = jnp.maximum(masked.sum(-1) - keep, jnp.minimum(masked.sum(-1), 1))
-    scores = jnp.where(masked, _confidence_scores(filtered(logits), confidence), -jnp.inf)
+    # Masked positions rank first whatever their scores (NaN ones last among them), so the
+    # step reveals num_reveal masked positions and the last step all that are left.
+    scores = _masked_scores(_confidence_scores(filtered(logits), confidence), masked)
     rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)
     reveal = masked & (rank < num_reveal[:, None])
     z = jnp.where(reveal, draw(jax.random.fold_in(key, step), logits), z)
-    return i + 1, z, _record(trajectory, i, z, logits, alpha)
+    return i + 1, z, first_bad, _record(trajectory, i, z, logits, alpha)
 
-  nfe, z, trajectory = jax.lax.while_loop(cond, body, (jnp.int32(0), z, trajectory))
-  return z, nfe, _repeat_final(trajectory, z, nfe)
+  init = (jnp.int32(0), z, jnp.int32(-1), trajectory)
+  nfe, z, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, _repeat_final(trajectory, z, nfe)
+
+
+class NonFiniteLogitsError(ValueError):
+  """The denoiser returned logits no token can be drawn from: the samples would be meaningless."""
+
+
+# Network calls a method makes at most, for a batch of L positions and T steps. Every unfinished
+# row reveals at least one masked position per call of the adaptive methods.
+def max_calls(method: str, length: int, num_steps: Optional[int]) -> int:
+  if method in ("ancestral", "cached"):
+    return num_steps
+  if method in ("jump", "confidence"):
+    return min(num_steps, length)
+  return length  # first_hitting, threshold.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+  """Everything but the key and the prompt: static for jit, one hashable cache key."""
+  denoise_fn: Callable
+  batch_size: int
+  length: int
+  schedule: object
+  mask_id: int
+  method: str
+  num_steps: Optional[int]
+  temperature: float
+  top_k: Optional[int]
+  top_p: Optional[float]
+  time_grid_kind: str
+  confidence: str
+  threshold: Optional[float]
+  noise: str
+  record_trajectory: bool
+  trajectory_top_k: int
+
+  def filtered(self, logits):
+    return categorical.filter_logits(logits, temperature=self.temperature, top_k=self.top_k,
+                                     top_p=self.top_p)
+
+  def draw(self, key, logits):
+    return categorical.sample_categorical(key, logits, noise=self.noise, temperature=self.temperature,
+                                          top_k=self.top_k, top_p=self.top_p)
+
+  def probs(self, logits):
+    if self.temperature == 0:  # Greedy: all mass on the top token.
+      return jax.nn.one_hot(jnp.argmax(logits, -1), self.mask_id, dtype=jnp.float32)
+    return jax.nn.softmax(self.filtered(logits), axis=-1)
+
+
+# One signature for every sampler: (setting, key, denoise_fn, z, trajectory) ->
+# (tokens, calls, first broken call or −1, trajectory).
+_SAMPLERS = {
+    "ancestral": lambda s, key, f, z, tr: _ancestral(
+        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, False, s.draw, tr),
+    "cached": lambda s, key, f, z, tr: _ancestral(
+        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, True, s.draw, tr),
+    "jump": lambda s, key, f, z, tr: _jump(
+        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, tr),
+    "first_hitting": lambda s, key, f, z, tr: _first_hitting(key, f, z, s.mask_id, s.draw, tr),
+    "confidence": lambda s, key, f, z, tr: _confidence(
+        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, s.filtered,
+        s.confidence, tr),
+    "threshold": lambda s, key, f, z, tr: _threshold(
+        key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr),
+}
+assert set(_SAMPLERS) == set(METHODS)
+
+
+def _run(setting: _Setting, key, prompt, prompt_mask):
+  denoise_fn = bounds.checked_denoiser(setting.denoise_fn, setting.mask_id)
+  z = _initial_tokens(setting.batch_size, setting.length, setting.mask_id, prompt, prompt_mask)
+  trajectory = None
+  if setting.record_trajectory:
+    num_records = {"first_hitting": setting.length, "threshold": setting.length,
+                   "jump": min(setting.num_steps or 1, setting.length)}.get(setting.method,
+                                                                           setting.num_steps)
+    trajectory = _new_trajectory(z, num_records, setting.mask_id, setting.trajectory_top_k)
+  if setting.schedule.state_dependent:
+    tokens, nfe, first_bad, trajectory = _state_dependent_ancestral(
+        key, denoise_fn, z, setting.schedule, setting.mask_id, setting.num_steps,
+        setting.time_grid_kind, setting.probs, setting.noise, trajectory)
+  else:
+    tokens, nfe, first_bad, trajectory = _SAMPLERS[setting.method](setting, key, denoise_fn, z,
+                                                                   trajectory)
+  info = {"nfe": nfe, "nonfinite_call": first_bad}
+  if trajectory is not None:
+    info["trajectory"] = trajectory
+  return tokens, info
+
+
+@functools.lru_cache(maxsize=16)  # Bounded: each entry holds its denoiser (and what it closes over).
+def _compiled(setting: _Setting):
+  return jax.jit(functools.partial(_run, setting))
+
+
+def check_logits(info: dict, method: str):
+  """Raises NonFiniteLogitsError if a call's logits at a masked position were broken (host side)."""
+  call = int(info["nonfinite_call"])
+  if call >= 0:
+    raise NonFiniteLogitsError(
+        f"sampler {method!r}: network call {call + 1} of {int(info['nfe'])} returned logits with a "
+        "NaN or +inf, or no finite value, at a masked position: no token can be drawn from them.")
+
+
+def _check_prompt(prompt, prompt_mask, mask_id):
+  """Given positions must hold clean ids (checked when the prompt is a concrete array)."""
+  ids = np.asarray(prompt)
+  given = ids != mask_id if prompt_mask is None else np.asarray(prompt_mask, bool)
+  given = np.broadcast_to(given, np.broadcast_shapes(given.shape, ids.shape))
+  ids = np.broadcast_to(ids, given.shape)
+  if np.any((ids < 0) | (ids > mask_id)):
+    raise ValueError(f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
+                     f"position to fill), got ids from {ids.min()} to {ids.max()}.")
+  if np.any(given & (ids == mask_id)):
+    raise ValueError("sample: prompt_mask marks a position whose prompt id is the mask id; a given "
+                     "position must hold a clean token.")
 
 
 def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, mask_id: int,
@@ -336,6 +494,11 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
            record_trajectory: bool = False, trajectory_top_k: int = 5):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
+  Called with concrete arrays, it runs a compiled program cached by the denoiser (the same
+  function object) and the settings, so a second call with them does not compile again, and
+  it raises NonFiniteLogitsError if the denoiser returned broken logits. Called inside a
+  caller's jit it traces inline; then check the returned info with `check_logits`.
+
   Args:
     prompt, prompt_mask: tokens [L] or [B, L] and where they are given (default:
       wherever prompt != mask_id); those positions never change (infilling
@@ -343,7 +506,7 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     num_steps: steps of the time grid; ignored by first_hitting and threshold.
       Required otherwise.
     threshold: method="threshold" only: reveal every masked position whose top
-      probability is >= threshold (in (0, 1]).
+      probability is >= threshold (in [0, 1]; 0 reveals everything in one call).
     noise: "float64" (accurate tails, default) or "float32" (for comparison only).
     record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's
@@ -352,7 +515,9 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
       S = num_steps; L for first_hitting and threshold; min(num_steps, L) for jump
       (steps past info["nfe"] repeat the end).
   Returns:
-    (tokens [B, L] int32, info) with info["nfe"] the number of network calls for the batch.
+    (tokens [B, L] int32, info): info["nfe"] the network calls for the batch (at most
+    `max_calls(method, length, num_steps)`), info["nonfinite_call"] the index of the first
+    call whose logits at a masked position were broken (−1: none).
   """
   if method not in METHODS:
     raise ValueError(f"Unknown sampling method {method!r}; valid: {', '.join(METHODS)}.")
@@ -362,55 +527,33 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   if method not in ("first_hitting", "threshold") and (num_steps is None or num_steps < 1):
     raise ValueError(f"method={method!r} needs num_steps >= 1, got {num_steps!r}.")
   if (method == "threshold") != (threshold is not None) or (
-      threshold is not None and not 0 < threshold <= 1):
-    raise ValueError("method='threshold' needs a threshold in (0, 1], and only it takes one; got "
+      threshold is not None and not 0 <= threshold <= 1):
+    raise ValueError("method='threshold' needs a threshold in [0, 1], and only it takes one; got "
                      f"method={method!r}, threshold={threshold!r}.")
   if noise not in categorical.NOISE_KINDS:
     raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(categorical.NOISE_KINDS)}.")
-  filter_kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-  categorical.filter_logits(jnp.zeros((1, 2)), **filter_kwargs)  # Validates the arguments early.
+  if time_grid_kind not in TIME_GRIDS:
+    raise ValueError(f"Unknown time grid {time_grid_kind!r}; valid: {', '.join(TIME_GRIDS)}.")
+  if confidence not in CONFIDENCES:
+    raise ValueError(f"Unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}.")
+  categorical.filter_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k, top_p=top_p)
   for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
     if given is not None:
       chex.assert_rank(given, {1, 2}, custom_message=f"sample: {name} must be [L] or [B, L]")
       chex.assert_shape(given, (batch_size, length)[-jnp.ndim(given):],
                         custom_message=f"sample: {name} must be [length] or [batch_size, length]")
-  denoise_fn = bounds.checked_denoiser(denoise_fn, mask_id)
-
-  def draw(draw_key, logits):
-    return categorical.sample_categorical(draw_key, logits, noise=noise, **filter_kwargs)
-
-  z = _initial_tokens(batch_size, length, mask_id, prompt, prompt_mask)
-  trajectory = None
-  if record_trajectory:
-    num_records = {"first_hitting": length, "threshold": length,
-                   "jump": min(num_steps or 1, length)}.get(method, num_steps)
-    trajectory = _new_trajectory(z, num_records, mask_id, trajectory_top_k)
-  if schedule.state_dependent:
-    def probs(logits):
-      if temperature == 0:  # Greedy: all mass on the top token.
-        return jax.nn.one_hot(jnp.argmax(logits, -1), mask_id, dtype=jnp.float32)
-      return jax.nn.softmax(categorical.filter_logits(logits, **filter_kwargs), axis=-1)
-    tokens, nfe, trajectory = _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id,
-                                                         num_steps, time_grid_kind, probs, noise,
-                                                         trajectory)
-  elif method in ("ancestral", "cached"):
-    tokens, nfe, trajectory = _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
-                                         time_grid_kind, method == "cached", draw, trajectory)
-  elif method == "jump":
-    tokens, nfe, trajectory = _jump(key, denoise_fn, z, schedule, mask_id, num_steps,
-                                    time_grid_kind, draw, trajectory)
-  elif method == "first_hitting":
-    tokens, nfe, trajectory = _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory)
-  elif method == "threshold":
-    tokens, nfe, trajectory = _threshold(key, denoise_fn, z, mask_id, threshold, draw,
-                                         functools.partial(categorical.filter_logits, **filter_kwargs),
-                                         trajectory)
-  else:
-    def filtered(logits):
-      return categorical.filter_logits(logits, **filter_kwargs)
-    tokens, nfe, trajectory = _confidence(key, denoise_fn, z, schedule, mask_id, num_steps,
-                                          time_grid_kind, draw, filtered, confidence, trajectory)
-  info = {"nfe": nfe}
-  if trajectory is not None:
-    info["trajectory"] = trajectory
+  setting = _Setting(denoise_fn, batch_size, length, schedule, mask_id, method, num_steps,
+                     temperature, top_k, top_p, time_grid_kind, confidence, threshold, noise,
+                     record_trajectory, trajectory_top_k)
+  traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask)))
+  if traced:
+    return _run(setting, key, prompt, prompt_mask)
+  if prompt is not None:
+    _check_prompt(prompt, prompt_mask, mask_id)
+  try:
+    run = _compiled(setting)
+  except TypeError:  # An unhashable schedule: compile for this call only.
+    run = jax.jit(functools.partial(_run, setting))
+  tokens, info = run(key, prompt, prompt_mask)
+  check_logits(info, method)
   return tokens, info
