@@ -2,7 +2,10 @@
 through others."""
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "md4jax"
 
@@ -91,3 +94,15 @@ def test_the_objective_and_state_know_nothing_of_the_loop_or_evaluation():
   for module in ("training.objective", "training.state"):
     assert not {"training.train", "modes"} & edges[module]
     assert not {_top(t) for t in edges[module]} & {"evaluation", "sampling"}
+
+
+def test_the_public_api_loads_no_data_checkpoint_or_plot_library():
+  script = ("import sys, md4jax\n"
+            "print(sorted(name for name in md4jax.__all__ if not hasattr(md4jax, name)))\n"
+            "print(sorted(m for m in ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',"
+            " 'orbax', 'orbax.checkpoint') if m in sys.modules))\n")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.stdout.split("\n")[:2] == ["[]", "[]"], result.stdout
+  assert {"nelbo", "sample", "get_schedule", "Transformer", "MarkovLanguage"} <= set(
+      __import__("md4jax").__all__)
