@@ -1,7 +1,6 @@
 r"""Share of a run's sample words that are real words (occur in the training split); prints JSON.
 
-  python benchmarks/sample_words.py --workdir=/tmp/md4jax_text8_cpu \
-      --data_path=../shared/data/wiki_text8_dev.txt
+  python benchmarks/sample_words.py --workdir=/tmp/md4jax_text8_cpu --data_path=text8.zip
 
 Reads WORKDIR/samples.jsonl (the latest step's samples) and the training split
 of the text8-format corpus (its first 90%, as md4jax.data.corpora.text8 splits it).

@@ -9,8 +9,8 @@ text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256); the text8 sizes
 run in float32 on 2 CPU devices with freed memory reused (benchmark_config). The step is
 compiled once, run --warmup_steps times untimed (with freed memory reused, the heap grows
-over the first steps until enough freed blocks exist; 4x256's first 10 steps took 0.40 s
-each, then 0.25), then timed over --steps steps on random tokens, best of --rounds (every
+over the first steps until enough freed blocks exist, and those steps are slower:
+docs/performance.md), then timed over --steps steps on random tokens, best of --rounds (every
 round's time is in the JSON). Each round also times a 2048x2048 float32 matmul (best round
 kept), so the achieved GFLOP/s reads as a fraction of what this machine's matmul reaches.
 Like md4jax.main, it makes glibc reuse freed memory (md4jax.runtime.allocator) when the

@@ -2,10 +2,9 @@ r"""The embedded default: a masked diffusion LM learns a generated Markov langua
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
 
-Trains, evaluates and samples in 1¼ to 2 minutes on 2 CPU cores (76–82 s on an AVX-512 Xeon, 76–80 s
-on an AVX-512 EPYC; with earlier code and 2000 steps, 145 s on an AVX2 EPYC: README), then
-prints the NELBO in bits/token ± its standard error, the language's exact entropy and the gap
-between them in %.
+Trains, evaluates and samples in one to two minutes on 2 CPU cores (timings:
+docs/performance.md), then prints the NELBO in bits/token ± its standard error, the language's
+exact entropy and the gap between them in %.
 """
 
 from md4jax import config_lib
@@ -14,14 +13,15 @@ from md4jax import config_lib
 def get_config():
   config = config_lib.base_config()
   config.batch_size = 64
-  # With b1 = 0.7, 1800 steps match 2000 at b1 = 0.9: both gaps +1.21% in the mean over seeds 0-2.
+  # With b1 = 0.7, 1800 steps reach the mean gap (seeds 0-2) of 2000 steps at b1 = 0.9.
   config.num_train_steps = 1800
   config.log_every_steps = 100
   config.eval_every_steps = 1800  # Evaluate once, at the end.
   config.checkpoint_every_steps = 500
-  # Its 68 MB of temporaries per step then reuse pages instead of faulting in fresh ones.
+  # Each step's temporaries then reuse pages instead of faulting in fresh ones from the kernel.
   config.reuse_freed_host_memory = True
-  # A device per core: each runs its half of the batch whole, 1.4x one device's steps per second.
+  # A device per core: each runs its half of the batch whole, faster than two cores sharing
+  # one batch's many small ops.
   config.cpu_devices = 2
   # 32 tokens, Dirichlet(0.3) transitions: 3.60 bits/token of entropy against 5 for uniform.
   config.data.vocab_size = 32

@@ -22,20 +22,17 @@ MMAP_THRESHOLD_BYTES = 2**31 - 1
 def reuse_freed_host_memory() -> bool:
   """Makes glibc keep freed memory for reuse instead of unmapping it; True if it applied.
 
-  XLA:CPU allocates an execution's temporaries afresh every call (68 MB for a default
-  train step). Above glibc's mmap threshold (at most 32 MB, and any size beyond a
-  thread arena's 64 MB heap) each is a fresh mmap whose every page faults on first
-  touch: ~18,000 faults per default step, a third of its CPU time spent in the
-  kernel. One arena that never trims and maps only the largest blocks (below) hands
-  the same pages back each call.
+  XLA:CPU allocates an execution's temporaries afresh every call. Above glibc's mmap
+  threshold (at most 32 MB, and any size beyond a thread arena's 64 MB heap) each is a
+  fresh mmap whose every page faults on first touch, so a small model's step spends much
+  of its CPU time in the kernel. One arena that never trims and maps only the largest
+  blocks (below) hands the same pages back each call.
   The cost is memory: small allocations split the freed temporaries, so the heap grows
-  by about one temporary per call until enough holes exist (6 layers/384, B16 x L256,
-  1.5 GB of temporaries: 4 steps, then 6.7 GB resident instead of 2.3 GB, and 11% faster
-  steps without a fault), hence opt-in per config. Blocks of MMAP_THRESHOLD_BYTES (2 GiB)
+  by about one temporary per call until enough holes exist, and then stays larger than it
+  would be without reuse; hence opt-in per config. Blocks of MMAP_THRESHOLD_BYTES (2 GiB)
   and more are still mapped fresh and unmapped when freed, so the heap never keeps them: at
-  12 layers/768 (~9 GB of temporaries) a heap that kept every block passed 23 GB within 16
-  steps and the process was killed; with the threshold it stays at 8.9 GB (18.7 s/step
-  against 19.6 s without this setting).
+  12 layers/768 a heap that kept every block outgrew the host's memory. Measured costs and
+  gains: docs/performance.md, "Host memory".
   Only for CPU compute (not on TPU or GPU hosts, whose many host threads want their
   own arenas) and only where the C library is glibc; must run before JAX starts its
   threads.
