@@ -452,3 +452,81 @@ def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass
   float32_logits = 4 * batch * length * vocab
   assert residual_bytes(naive) >= float32_logits
   assert residual_bytes(ours) < 0.6 * float32_logits  # bfloat16 logits (half) and [B, L] rows.
+
+
+# ---------------------------------------------------------------- MD4's conventions (issue 36)
+def _recording_denoiser(calls):
+  """Uniform logits; records every (z_t, time) it is called with."""
+  def denoise(z, time):
+    calls.append((z, time))
+    return jnp.zeros(z.shape + (VOCAB,), jnp.float32)
+  return denoise
+
+
+def test_time_input_t_calls_the_denoiser_with_the_drawn_t_exactly():
+  """time_input="t": the standard bound passes the t it drew (not time_of(α(t))); mask_count,
+  which draws the mask rate, passes time_of(α); "alpha" passes α."""
+  x = jax.random.randint(jax.random.PRNGKey(0), (8, LENGTH), 0, VOCAB)
+  schedule, key = schedules.get_schedule("md4linear"), jax.random.PRNGKey(1)
+  t = bounds.sample_times(jax.random.split(key)[0], 8)
+  for time_input, expected in (("t", t), ("alpha", schedule.alpha(t))):
+    calls = []
+    bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID,
+                 time_input=time_input, endpoint_terms="md4")
+    (_, time), = calls
+    np.testing.assert_array_equal(time, expected)
+  calls = []
+  bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID, time_input="t",
+               estimator="mask_count")
+  (z, time), = calls
+  assert np.all((np.asarray(time) >= 0) & (np.asarray(time) <= 1))
+  assert not np.allclose(time, t)  # Its own mask rates, not the stratified times.
+  with pytest.raises(ValueError, match="time_input"):
+    bounds.nelbo(key, _recording_denoiser([]), x, schedule, mask_id=MASK_ID, time_input="sigma")
+
+
+def test_md4_endpoint_terms_are_a_constant_reconstruction_term():
+  """endpoint_terms="md4": the schedule's term plus n (1 − α(0)) ln V, no network call for the
+  endpoints and no prior term; "sampled" calls the network once more per endpoint."""
+  x = jax.random.randint(jax.random.PRNGKey(0), (8, LENGTH), 0, VOCAB)
+  editable = jnp.arange(LENGTH)[None, :] < jnp.arange(8, 16)[:, None]  # 8..15 tokens a row.
+  schedule, key = schedules.get_schedule("md4linear"), jax.random.PRNGKey(2)
+  calls = []
+  md4 = bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID,
+                     editable=editable, endpoint_terms="md4")
+  assert len(calls) == 1
+  t = bounds.sample_times(jax.random.split(key)[0], 8)
+  z, _ = calls[0]
+  main = bounds.continuous_loss_at(None, _recording_denoiser([]), x, schedule, t, mask_id=MASK_ID,
+                                   editable=editable, masked=z == MASK_ID)
+  constant = np.asarray(editable.sum(-1)) * 1e-4 * np.log(VOCAB)
+  np.testing.assert_allclose(md4, main + constant, rtol=1e-6)
+  calls = []
+  bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID, editable=editable)
+  assert len(calls) == 3  # The schedule's term, the reconstruction and the prior term.
+  with pytest.raises(ValueError, match="endpoint_terms"):
+    bounds.nelbo(key, _recording_denoiser([]), x, schedule, mask_id=MASK_ID, endpoint_terms="none")
+
+
+def test_draws_replay_given_times_and_masks():
+  """draws: the denoiser sees exactly the given masks (editable positions only) and times; the
+  value is continuous_loss_at's at those draws; other estimators refuse them."""
+  x = jax.random.randint(jax.random.PRNGKey(0), (4, LENGTH), 0, VOCAB)
+  editable = jnp.ones(x.shape, bool).at[:, :2].set(False)
+  masked = jax.random.bernoulli(jax.random.PRNGKey(3), 0.5, x.shape)
+  t = jnp.asarray([0.0, 0.3, 0.6, 0.9], jnp.float32)
+  schedule = schedules.get_schedule("linear")
+  calls = []
+  nats = bounds.nelbo(jax.random.PRNGKey(4), _recording_denoiser(calls), x, schedule,
+                      mask_id=MASK_ID, editable=editable, time_input="t",
+                      draws={"t": t.at[0].set(0.05), "masked": masked})
+  (z, time), = calls
+  np.testing.assert_array_equal(z, jnp.where(masked & editable, MASK_ID, x))
+  np.testing.assert_array_equal(time, t.at[0].set(0.05))
+  counts = np.asarray((masked & editable).sum(-1))
+  np.testing.assert_allclose(nats, counts * np.log(VOCAB) / np.asarray([0.05, 0.3, 0.6, 0.9]),
+                             rtol=1e-6)
+  for bad in (dict(estimator="mask_count"), dict(num_steps=10)):
+    with pytest.raises(ValueError, match="draws replay"):
+      bounds.nelbo(jax.random.PRNGKey(4), _recording_denoiser([]), x, schedule, mask_id=MASK_ID,
+                   draws={"t": t, "masked": masked}, **bad)

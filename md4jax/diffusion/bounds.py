@@ -28,6 +28,16 @@ weight only multiplies positions that are masked.
 A state-dependent schedule (`schedule.state_dependent`, GenMD4) masks each
 token value at its own rate; `nelbo` then evaluates `md4jax.diffusion.genmd4`'s bound
 and calls denoise_fn(z_t, t) with the time t [B].
+
+A denoiser conditioned on the time t rather than on α (time_input="t", MD4's) is
+called with the t the bound drew, exactly; where a term draws the mask rate
+instead (the endpoint terms, mask_count), with schedule.time_of(α).
+
+MD4's endpoint terms (endpoint_terms="md4"): for a schedule with α(0) < 1 the
+reconstruction term is the constant n (1 − α(0)) ln V (each token already
+masked at t = 0 guessed uniformly: an upper bound of the sampled term, with
+no gradient) and the prior term is dropped (for α(1) > 0 the result is then
+not strictly a bound; MD4 calls the term negligible: α(1) = 1e-4).
 """
 
 import math
@@ -45,26 +55,43 @@ from md4jax.diffusion.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_den
                                       cross_entropy, masked_cross_entropy, row_keys, sample_times,
                                       subs_log_probs)
 
-__all__ = ["ESTIMATORS", "T_SAMPLINGS", "bits_per_token", "checked_denoiser", "continuous_loss_at",
-           "corrupt", "cross_entropy", "masked_cross_entropy", "nelbo", "nelbo_surrogate",
-           "num_valid_tokens", "perplexity", "row_keys", "sample_times", "subs_log_probs"]
+__all__ = ["ENDPOINT_TERMS", "ESTIMATORS", "TIME_INPUTS", "T_SAMPLINGS", "bits_per_token",
+           "checked_denoiser", "continuous_loss_at", "corrupt", "cross_entropy",
+           "masked_cross_entropy", "nelbo", "nelbo_surrogate", "num_valid_tokens", "perplexity",
+           "row_keys", "sample_times", "subs_log_probs", "time_argument"]
 
 ESTIMATORS = ("standard", "forced_target", "mask_count")
+TIME_INPUTS = ("alpha", "t")  # What a mask-rate schedule's denoiser is called with.
+ENDPOINT_TERMS = ("sampled", "md4")
 
 
-def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, mask_id, estimator,
-                   per_mask_weight, rate_weight) -> Array:
+def time_argument(schedule, time_input: str):
+  """(alpha, t or None) -> the denoiser's time argument: alpha, or t (schedule.time_of(alpha)
+  where no t was drawn)."""
+  if time_input not in TIME_INPUTS:
+    raise ValueError(f"Unknown time_input {time_input!r}; valid: {', '.join(TIME_INPUTS)}.")
+  if time_input == "alpha":
+    return lambda alpha, t=None: alpha
+  return lambda alpha, t=None: schedule.time_of(alpha) if t is None else t
+
+
+def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, time, mask_id, estimator,
+                   per_mask_weight, rate_weight, masked=None) -> Array:
   """One Monte Carlo draw of a term rate_weight · h(1 − alpha_t), per sequence [B].
 
-  "standard" scores every masked position with per_mask_weight = rate_weight / λ;
-  "forced_target" forces one uniformly chosen editable position I masked and
-  scores only it: E[CE_I | I masked] · n_editable = h(λ), so the weight is
-  rate_weight · n_editable (seed 001, with −α′(t)/g(t) as rate_weight).
+  The denoiser is called with `time` (alpha_t, or the t of it). "standard" scores every
+  masked position with per_mask_weight = rate_weight / λ (masked [B, L]: given masked
+  positions instead of a draw); "forced_target" forces one uniformly chosen editable
+  position I masked and scores only it: E[CE_I | I masked] · n_editable = h(λ), so the
+  weight is rate_weight · n_editable (seed 001, with −α′(t)/g(t) as rate_weight).
   """
   n_editable = editable.sum(-1)
   if estimator == "standard":
-    z_t = corrupt(key, x, alpha_t, mask_id=mask_id, editable=editable)
-    ce = masked_cross_entropy(denoise_fn(z_t, alpha_t), x, z_t, mask_id=mask_id)
+    if masked is None:
+      z_t = corrupt(key, x, alpha_t, mask_id=mask_id, editable=editable)
+    else:
+      z_t = jnp.where(masked & editable, mask_id, x).astype(x.dtype)
+    ce = masked_cross_entropy(denoise_fn(z_t, time), x, z_t, mask_id=mask_id)
     return per_mask_weight * ce.sum(-1)
   target_key, mask_key = masking.split_keys(key, 2)
   scores = jnp.where(editable, masking.uniform(target_key, x.shape), -1.0)
@@ -72,45 +99,53 @@ def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, mask_id, estimator,
   forced = jax.nn.one_hot(target, x.shape[-1], dtype=jnp.bool_) & editable
   z_t = corrupt(mask_key, x, alpha_t, mask_id=mask_id, editable=editable & ~forced)
   z_t = jnp.where(forced, mask_id, z_t).astype(x.dtype)
-  ce = masked_cross_entropy(denoise_fn(z_t, alpha_t), x, z_t, mask_id=mask_id)
+  ce = masked_cross_entropy(denoise_fn(z_t, time), x, z_t, mask_id=mask_id)
   target_ce = jnp.take_along_axis(ce, target[:, None], axis=-1)[:, 0]
   return jnp.where(n_editable > 0, rate_weight * n_editable * target_ce, 0.0)
 
 
 def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t: Array, *,
                        mask_id: int, editable: Optional[Array] = None,
-                       estimator: str = "standard") -> Array:
+                       estimator: str = "standard", time_input: str = "alpha",
+                       masked: Optional[Array] = None) -> Array:
   """The continuous-time integrand at given times t [B]: w(t) Σ_masked CE, per sequence [B].
 
-  Its mean over t ~ U(0, 1] is the schedule's part of L∞ (no endpoint terms).
+  Its mean over t ~ U(0, 1] is the schedule's part of L∞ (no endpoint terms). The
+  denoiser is called with α(t), or with t itself for time_input="t"; masked [B, L]
+  (standard estimator) gives the masked positions instead of drawing them.
   """
   editable = masking.editable_or_all(x, editable)
-  return _weighted_term(key, denoise_fn, x, schedule.alpha(t), editable, mask_id=mask_id,
-                        estimator=estimator, per_mask_weight=schedule.weight(t),
-                        rate_weight=-schedule.dalpha(t))
+  alpha = schedule.alpha(t)
+  return _weighted_term(key, denoise_fn, x, alpha, editable, mask_id=mask_id,
+                        time=time_argument(schedule, time_input)(alpha, t), estimator=estimator,
+                        per_mask_weight=schedule.weight(t), rate_weight=-schedule.dalpha(t),
+                        masked=masked)
 
 
-def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask_id, estimator):
+def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask_id, estimator,
+                   time_arg):
   """One draw of the discrete-time sum: step i uniform on 1..T (from u in (0, 1]), times T."""
   step = jnp.clip(jnp.ceil(u * num_steps), 1, num_steps)
   t, s = step / num_steps, (step - 1) / num_steps
   mask_rate_t = schedule.mask_prob(t)
   rate_weight = num_steps * (mask_rate_t - schedule.mask_prob(s))  # T (α(s) − α(t))
-  return _weighted_term(key, denoise_fn, x, schedule.alpha(t), editable, mask_id=mask_id,
-                        estimator=estimator, per_mask_weight=rate_weight / mask_rate_t,
-                        rate_weight=rate_weight)
+  alpha = schedule.alpha(t)
+  return _weighted_term(key, denoise_fn, x, alpha, editable, mask_id=mask_id,
+                        time=time_arg(alpha, t), estimator=estimator,
+                        per_mask_weight=rate_weight / mask_rate_t, rate_weight=rate_weight)
 
 
-def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator):
+def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator, time_arg):
   """One draw of ∫_low^high h(λ) dλ with λ uniform on (low, high]."""
   time_key, term_key = masking.split_keys(key, 2)
   mask_rate = high - (high - low) * masking.uniform(time_key, (x.shape[0],))
   return _weighted_term(term_key, denoise_fn, x, 1.0 - mask_rate, editable, mask_id=mask_id,
-                        estimator=estimator, per_mask_weight=(high - low) / mask_rate,
+                        time=time_arg(1.0 - mask_rate), estimator=estimator,
+                        per_mask_weight=(high - low) / mask_rate,
                         rate_weight=jnp.full_like(mask_rate, high - low))
 
 
-def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
+def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg):
   """∫_0^1 h dλ with λ integrated out given the mask count k (bounded variance).
 
   Under λ ~ U(0, 1) the number k of masked editable positions is uniform on
@@ -129,7 +164,7 @@ def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id):
   kth_smallest = jnp.take_along_axis(sorted_scores, num_masked[:, None] - 1, axis=-1)
   z = jnp.where(masked, mask_id, x).astype(x.dtype)
   alpha = 1.0 - jnp.minimum(kth_smallest[:, 0], 1.0)  # Sequences with nothing editable: α = 0.
-  ce = masked_cross_entropy(denoise_fn(z, alpha), x, z, mask_id=mask_id)
+  ce = masked_cross_entropy(denoise_fn(z, time_arg(alpha)), x, z, mask_id=mask_id)
   return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)
 
 
@@ -137,7 +172,8 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
           editable: Optional[Array] = None, num_steps: Optional[int] = None,
           estimator: str = "standard", t_sampling: str = "stratified",
           row_index: Optional[Array] = None, num_rows: Optional[int] = None,
-          reconstruction_time: float = 1e-4) -> Array:
+          reconstruction_time: float = 1e-4, time_input: str = "alpha",
+          endpoint_terms: str = "sampled", draws: Optional[dict] = None) -> Array:
   """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
 
   Args:
@@ -161,6 +197,13 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
     num_rows: the global batch size (default B); stratified t uses it.
     reconstruction_time: state-dependent schedules only: the ε below which
       one reconstruction step reveals everything (`md4jax.diffusion.genmd4`); 0 = none.
+    time_input: mask-rate schedules: the denoiser is called with "alpha" (α(t)) or
+      "t" (see the module docstring). A state-dependent schedule's always gets t.
+    endpoint_terms: "sampled" (Monte Carlo draws: the exact bound) or "md4" (MD4's: a
+      constant reconstruction term, no prior term; see the module docstring).
+    draws: {"t": [B] float, "masked": [B, L] bool}: the times and masked positions to
+      use instead of drawing them (replaying another implementation's corruptions);
+      standard estimator, continuous time, mask-rate schedules only.
   Returns:
     Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
   """
@@ -177,6 +220,12 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if schedule.state_dependent and estimator != "standard":
     raise ValueError(f"A state-dependent schedule ({schedule.name}) has its own bound; "
                      f"estimator={estimator!r} applies to mask-rate schedules only, use 'standard'.")
+  if endpoint_terms not in ENDPOINT_TERMS:
+    raise ValueError(f"Unknown endpoint_terms {endpoint_terms!r}; valid: {', '.join(ENDPOINT_TERMS)}.")
+  if draws is not None and (estimator != "standard" or num_steps is not None
+                            or schedule.state_dependent):
+    raise ValueError("draws replay the standard continuous-time estimator of a mask-rate schedule; "
+                     f"got estimator={estimator!r}, num_steps={num_steps!r}, schedule {schedule.name!r}.")
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
   chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
@@ -187,23 +236,39 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   editable = masking.editable_or_all(x, editable)
   denoise_fn = checked_denoiser(denoise_fn, mask_id)
   time_key, draw_key = jax.random.split(key)
-  u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
+  if draws is None:
+    u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
+  else:
+    chex.assert_shape(draws["t"], x.shape[:1], custom_message="nelbo: draws['t'] must be [B]")
+    chex.assert_shape(draws["masked"], x.shape, custom_message="nelbo: draws['masked'] must be [B, L]")
+    u = draws["t"]
   main_key, recon_key, prior_key = masking.split_keys(row_keys(draw_key, x.shape[0], row_index), 3)
   kwargs = dict(mask_id=mask_id)
   if schedule.state_dependent:
     return genmd4.nelbo((main_key, recon_key), denoise_fn, x, schedule, u, editable, num_steps=num_steps,
                         reconstruction_time=reconstruction_time, **kwargs)
+  time_arg = time_argument(schedule, time_input)
   if estimator == "mask_count":
-    return _mask_count_term(main_key, denoise_fn, x, u, editable, **kwargs)
+    return _mask_count_term(main_key, denoise_fn, x, u, editable, time_arg=time_arg, **kwargs)
   kwargs["estimator"] = estimator
   if num_steps is None:
-    total = continuous_loss_at(main_key, denoise_fn, x, schedule, u, editable=editable, **kwargs)
+    total = continuous_loss_at(main_key, denoise_fn, x, schedule, u, editable=editable,
+                               time_input=time_input,
+                               masked=None if draws is None else draws["masked"].astype(bool),
+                               **kwargs)
   else:
-    total = _discrete_term(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps, **kwargs)
+    total = _discrete_term(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps,
+                           time_arg=time_arg, **kwargs)
+  if endpoint_terms == "md4":  # A constant: each token masked at t = 0 guessed uniformly.
+    if schedule.needs_reconstruction_term:
+      total += editable.sum(-1) * (1.0 - schedule.alpha_at_0) * math.log(mask_id)
+    return total
   if schedule.needs_reconstruction_term:
-    total += _endpoint_term(recon_key, denoise_fn, x, editable, 0.0, 1.0 - schedule.alpha_at_0, **kwargs)
+    total += _endpoint_term(recon_key, denoise_fn, x, editable, 0.0, 1.0 - schedule.alpha_at_0,
+                            time_arg=time_arg, **kwargs)
   if schedule.needs_prior_term:
-    total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0, **kwargs)
+    total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0,
+                            time_arg=time_arg, **kwargs)
   return total
 
 
