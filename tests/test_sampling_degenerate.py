@@ -17,7 +17,7 @@ from md4jax.sampling import samplers
 VOCAB = 6
 MASK_ID = VOCAB
 LENGTH = 16
-STEPS = {"ancestral": 24, "cached": 24, "jump": 24, "confidence": 24,
+STEPS = {"ancestral": 24, "cached": 24, "jump": 24, "confidence": 24, "remdm": 24,
          "first_hitting": None, "threshold": None}
 
 

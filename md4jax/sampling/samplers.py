@@ -45,6 +45,12 @@ Methods:
                  per sequence; revealed tokens are drawn from that law. (A
                  recorded trajectory's top_probs are the unfiltered softmax.)
 
+  remdm          ReMDM (Wang et al. 2025): ancestral steps in which a visible token is
+                 masked again with prob σ_t (`remask` strategy, `remask_eta`), and masked
+                 ones revealed a little more often, so the forward marginals are kept; σ = 0
+                 is ancestral, token for token. `remask_loop` extra steps at a fixed α
+                 (ReMDM-loop) keep improving a sample after the grid has revealed most of it.
+
 A state-dependent schedule (GenMD4) samples with "ancestral" only, and its
 denoiser is called as denoise_fn(z, t [B]). From t to s, a masked position
 whose clean value is v stays masked with prob (1 − α_v(s)) / (1 − α_v(t))
@@ -69,10 +75,11 @@ from md4jax.sampling import categorical
 
 Array = jax.Array
 
-METHODS = ("ancestral", "cached", "jump", "first_hitting", "confidence", "threshold")
+METHODS = ("ancestral", "cached", "jump", "first_hitting", "confidence", "threshold", "remdm")
 TIME_FREE_METHODS = ("cached", "jump")  # Exact only for a denoiser that ignores α.
 TIME_GRIDS = ("uniform", "cosine")
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
+REMASKS = ("cap", "rescale", "confidence")  # ReMDM's σ_t strategies.
 
 
 def time_grid(num_steps: int, kind: str = "uniform") -> Array:
@@ -203,6 +210,84 @@ def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
 
   z, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, jnp.int32(-1), trajectory))
   return z, jnp.int32(num_steps), first_bad, trajectory
+
+
+def _remask_probability(strategy, eta, alpha_t, mask_s, weights):
+  """ReMDM's σ_t: the probability that a visible token is masked again from t to s.
+
+  The remasking posterior keeps q(z_s | x) for any σ_t ≤ σ_max = min(1, (1 − α_s) / α_t):
+  "cap" min(η, σ_max), "rescale" η σ_max, and "confidence" weights^ℓ σ_max with weights a
+  softmax over the visible tokens of minus the probability each was drawn with ([B, L]).
+  """
+  sigma_max = jnp.where(alpha_t > 0, jnp.minimum(1.0, mask_s / jnp.where(alpha_t > 0, alpha_t, 1.0)),
+                        1.0)
+  if strategy == "cap":
+    return jnp.minimum(eta, sigma_max)
+  if strategy == "rescale":
+    return eta * sigma_max
+  return weights * sigma_max
+
+
+def _remdm(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, probs, strategy,
+           eta, loop_steps, loop_alpha, trajectory):
+  """ReMDM (Wang et al. 2025): ancestral steps in which visible tokens may be masked again.
+
+  From t to s a visible token is masked with prob σ_t and a masked one revealed with prob
+  (α_s − (1 − σ_t) α_t) / (1 − α_t), which keeps the forward marginals; σ_t = 0 is ancestral,
+  token for token (the same keys). With loop_steps > 0 (ReMDM-loop), the grid's steps do not
+  remask; after the first step that reaches α ≥ loop_alpha, loop_steps more steps run at that
+  fixed α, each remasking with the strategy's σ. Prompt positions are never masked.
+  """
+  grid = time_grid(num_steps, grid_kind)
+  mask_grid = schedule.mask_prob(grid)
+  batch_size = z.shape[0]
+  editable = z == mask_id
+  # The grid step after which the loop runs: the first (from t = 1) whose s has α ≥ loop_alpha,
+  # and at the latest the one before the last step (the last reveals everything).
+  reached = (1.0 - mask_grid[:-1]) >= loop_alpha  # [T]: α(t_{k−1}) ≥ loop_alpha, k = 1..T.
+  loop_after = jnp.maximum(jnp.max(jnp.where(reached, jnp.arange(1, num_steps + 1), 0)), 2)
+  loop_start = num_steps - loop_after + 1  # Iterations before the loop.
+
+  def body(i, carry):
+    z, confidence, first_bad, trajectory = carry
+    in_loop = (loop_steps > 0) & (i >= loop_start) & (i < loop_start + loop_steps)
+    after_loop = (loop_steps > 0) & (i >= loop_start + loop_steps)
+    step = jnp.where(after_loop, num_steps - (i - loop_steps), num_steps - i)
+    step = jnp.where(in_loop, loop_after - 1, step)  # Held at α(t_{k*−1}).
+    step_key = jnp.where(in_loop, jax.random.fold_in(key, num_steps + 1 + i), jax.random.fold_in(key, step))
+    reveal_key, draw_key = jax.random.split(step_key)
+    mask_t = mask_grid[step]
+    mask_s = jnp.where(in_loop, mask_t, mask_grid[step - 1])
+    alpha_t = 1.0 - mask_t
+    visible = editable & (z != mask_id)
+    weights = jax.nn.softmax(jnp.where(visible, confidence, -jnp.inf), axis=-1)
+    weights = jnp.where(visible, jnp.nan_to_num(weights), 0.0)
+    sigma = _remask_probability(strategy, eta, alpha_t, mask_s, weights)
+    sigma = jnp.where((loop_steps > 0) & ~in_loop, 0.0, sigma)
+    sigma = jnp.broadcast_to(sigma, z.shape)
+    masked = z == mask_id
+    # Masked positions: ancestral's reveal, plus σ α_t / (1 − α_t) for the tokens remasked
+    # (confidence: σ = 0 there, as ReMDM's); 1 on the last step.
+    masked_sigma = 0.0 if strategy == "confidence" else sigma
+    base = jnp.where(in_loop, 0.0, _reveal_probability(schedule, grid, step))
+    reveal_prob = jnp.where((step == 1) & ~in_loop, 1.0,
+                            base + masked_sigma * alpha_t / jnp.maximum(mask_t, 1e-30))
+    reveal = masked & (jax.random.uniform(reveal_key, z.shape) < reveal_prob)
+    remask = visible & (jax.random.uniform(jax.random.fold_in(step_key, 2), z.shape) < sigma)
+    alpha = _alphas(schedule, grid[step], batch_size)
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = _first_bad_call(first_bad, i, _nonfinite_rows(logits, z, mask_id))
+    drawn = draw(draw_key, logits)
+    drawn_prob = jnp.take_along_axis(probs(logits), drawn[..., None], axis=-1)[..., 0]
+    z = jnp.where(reveal, drawn, jnp.where(remask, mask_id, z))
+    confidence = jnp.where(reveal, -drawn_prob, jnp.where(remask, -jnp.inf, confidence))
+    trajectory = _record(trajectory, i, z, logits, alpha)
+    return z, confidence, first_bad, trajectory
+
+  total = num_steps + loop_steps
+  init = (z, jnp.full(z.shape, -jnp.inf, jnp.float32), jnp.int32(-1), trajectory)
+  z, _, first_bad, trajectory = jax.lax.fori_loop(0, total, body, init)
+  return z, jnp.int32(total), first_bad, trajectory
 
 
 def _reveal_at_least_one(key, masked, reveal_prob):
@@ -374,9 +459,11 @@ class NonFiniteLogitsError(ValueError):
 
 # Network calls a method makes at most, for a batch of L positions and T steps. Every unfinished
 # row reveals at least one masked position per call of the adaptive methods.
-def max_calls(method: str, length: int, num_steps: Optional[int]) -> int:
+def max_calls(method: str, length: int, num_steps: Optional[int], remask_loop: int = 0) -> int:
   if method in ("ancestral", "cached"):
     return num_steps
+  if method == "remdm":
+    return num_steps + remask_loop
   if method in ("jump", "confidence"):
     return min(num_steps, length)
   return length  # first_hitting, threshold.
@@ -401,6 +488,10 @@ class _Setting:
   noise: str
   record_trajectory: bool
   trajectory_top_k: int
+  remask: str
+  remask_eta: float
+  remask_loop: int
+  remask_loop_alpha: float
 
   def filtered(self, logits):
     return categorical.filter_logits(logits, temperature=self.temperature, top_k=self.top_k,
@@ -431,6 +522,9 @@ _SAMPLERS = {
         s.confidence, tr),
     "threshold": lambda s, key, f, z, tr: _threshold(
         key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr),
+    "remdm": lambda s, key, f, z, tr: _remdm(
+        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, s.probs, s.remask,
+        s.remask_eta, s.remask_loop, s.remask_loop_alpha, tr),
 }
 assert set(_SAMPLERS) == set(METHODS)
 
@@ -440,9 +534,8 @@ def _run(setting: _Setting, key, prompt, prompt_mask):
   z = _initial_tokens(setting.batch_size, setting.length, setting.mask_id, prompt, prompt_mask)
   trajectory = None
   if setting.record_trajectory:
-    num_records = {"first_hitting": setting.length, "threshold": setting.length,
-                   "jump": min(setting.num_steps or 1, setting.length)}.get(setting.method,
-                                                                           setting.num_steps)
+    num_records = max_calls(setting.method, setting.length, setting.num_steps,
+                            setting.remask_loop)
     trajectory = _new_trajectory(z, num_records, setting.mask_id, setting.trajectory_top_k)
   if setting.schedule.state_dependent:
     tokens, nfe, first_bad, trajectory = _state_dependent_ancestral(
@@ -491,6 +584,8 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
            prompt: Optional[Array] = None, prompt_mask: Optional[Array] = None,
            time_grid_kind: str = "uniform", confidence: str = "max_prob",
            threshold: Optional[float] = None, noise: str = "float64",
+           remask: str = "cap", remask_eta: float = 0.0, remask_loop: int = 0,
+           remask_loop_alpha: float = 0.9,
            record_trajectory: bool = False, trajectory_top_k: int = 5):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
@@ -508,12 +603,16 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     threshold: method="threshold" only: reveal every masked position whose top
       probability is >= threshold (in [0, 1]; 0 reveals everything in one call).
     noise: "float64" (accurate tails, default) or "float32" (for comparison only).
+    remask, remask_eta, remask_loop, remask_loop_alpha: method="remdm" only: the strategy
+      of σ_t ("cap": min(η, σ_max), "rescale": η σ_max, "confidence": σ_max shared by the
+      visible tokens, the least confident first; η unused), and ReMDM-loop's extra steps at
+      the fixed α the grid first reaches above remask_loop_alpha (then only they remask).
     record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's
       "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step
       (the times t for a state-dependent schedule).
-      S = num_steps; L for first_hitting and threshold; min(num_steps, L) for jump
-      (steps past info["nfe"] repeat the end).
+      S = max_calls(method, length, num_steps, remask_loop) (steps past info["nfe"] repeat
+      the end).
   Returns:
     (tokens [B, L] int32, info): info["nfe"] the network calls for the batch (at most
     `max_calls(method, length, num_steps)`), info["nonfinite_call"] the index of the first
@@ -536,6 +635,11 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     raise ValueError(f"Unknown time grid {time_grid_kind!r}; valid: {', '.join(TIME_GRIDS)}.")
   if confidence not in CONFIDENCES:
     raise ValueError(f"Unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}.")
+  if remask not in REMASKS:
+    raise ValueError(f"Unknown remask strategy {remask!r}; valid: {', '.join(REMASKS)}.")
+  if not 0 <= remask_eta <= 1 or remask_loop < 0 or not 0 < remask_loop_alpha < 1:
+    raise ValueError("remdm needs 0 <= remask_eta <= 1, remask_loop >= 0 and 0 < remask_loop_alpha "
+                     f"< 1; got {remask_eta}, {remask_loop}, {remask_loop_alpha}.")
   categorical.filter_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k, top_p=top_p)
   for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
     if given is not None:
@@ -544,7 +648,8 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
                         custom_message=f"sample: {name} must be [length] or [batch_size, length]")
   setting = _Setting(denoise_fn, batch_size, length, schedule, mask_id, method, num_steps,
                      temperature, top_k, top_p, time_grid_kind, confidence, threshold, noise,
-                     record_trajectory, trajectory_top_k)
+                     record_trajectory, trajectory_top_k, remask, float(remask_eta),
+                     int(remask_loop), float(remask_loop_alpha))
   traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask)))
   if traced:
     return _run(setting, key, prompt, prompt_mask)
