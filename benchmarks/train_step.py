@@ -136,8 +136,8 @@ def _parts(config, model, optimizer, mesh, state, batch):
   def optimizer_ema(state, grads):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    decay = train.ema_decay_at(state.step, config.optimizer.ema_decay)
-    ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+    decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
+    ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
     return params, opt_state, ema
 
   def step(state, batch):

@@ -162,7 +162,7 @@ def sampler_step(config, model, mesh):
   def step(params, key):
     with sharding.activation_rules(mesh):
       tokens, _ = samplers.sample(
-          key, lambda z, time: model.apply({"params": objective.network_params(params)}, z, time),
+          key, objective.sampling_denoiser(model, params, config),
           batch_size=config.eval.batch_size, length=config.data.seq_len,
           schedule=objective.schedule_of(params, config),
           mask_id=config.data.vocab_size, method="ancestral", num_steps=1)

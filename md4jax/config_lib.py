@@ -23,6 +23,7 @@ TOKENIZERS = ("char", "byte", "bpe")
 PACKINGS = ("concat", "documents")
 MODEL_TYPES = ("mdm", "ar")
 TIME_CONDITIONINGS = ("none", "adaln")
+LOSS_UNITS = ("nats", "bits")
 DTYPES = ("float32", "bfloat16")
 # text8: lowercase a-z and space, one id per character.
 TEXT8_VOCAB_SIZE = 27
@@ -74,7 +75,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.norm = "rms"  # "rms" (RMSNorm, learned scale) or "layer" (LayerNorm without scale or bias, as MD4).
   config.model.mlp = "swiglu"  # MLP gate: "swiglu" (silu) or "sigmoid_glu" (sigmoid, as MD4).
   config.model.embed_dim = 0  # Token embedding width projected to model_dim (MD4: 64); 0 = model_dim, no projection.
-  config.model.output_init = "normal"  # Init of the logits layer: "normal" (std 0.02) or "zeros" (as MD4).
+  config.model.output_init = "normal"  # Init of the logits layer: "normal" (as model.weight_init's other matrices) or "zeros" (as MD4).
+  config.model.weight_init = "normal"  # "normal" (std 0.02, residual-stream outputs 0.02/√(2N)), "fan_in" (truncated normal, variance 1/fan_in) or "fan_in_mlp_depth" (MD4: the MLP's at (2/N)/fan_in).
+  config.model.norm_eps = 1e-6  # Epsilon of every norm (MD4: 1e-5).
+  config.model.biases = False  # Biases on the embedding projection, the time MLP and the adaLN projections (MD4); never on attention, MLP or logits.
+  config.model.time_input = "alpha"  # adaln: the denoiser's time input, "alpha" (α(t)) or "t" (MD4; the samplers pass t = the schedule's inverse of α).
+  config.model.time_features = "dit"  # adaln: sinusoidal time features, "dit" ([cos, sin], 10000^(-i/half)) or "ddpm" ([sin, cos], 10000^(-i/(half-1)), MD4).
+  config.model.time_dim = 0  # adaln: width of the time features and time embedding (MD4: the head dim); 0 = model_dim.
+  config.model.time_hidden_dim = 0  # adaln: hidden width of the time MLP (MD4: 4 × time_dim); 0 = the time embedding's width.
+  config.model.adaln_activation = "silu"  # adaln: activation of the time embedding every adaLN projection reads, "silu" or "sigmoid" (MD4).
 
   # Device mesh (md4jax.runtime.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
   config.mesh = ml_collections.ConfigDict()
@@ -88,18 +97,21 @@ def base_config() -> ml_collections.ConfigDict:
   config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
   config.diffusion.exponent_gradient = "rloo"  # Learned schedules: gradient of w through the masks, "rloo" (two draws, leave-one-out baseline) or "score" (no baseline).
   config.diffusion.reconstruction_time = 1e-4  # Learned schedules: epsilon; t < epsilon is one reconstruction step (md4jax.diffusion.genmd4); 0 = none.
+  config.diffusion.endpoint_terms = "sampled"  # Schedules with α(0) < 1 or α(1) > 0: "sampled" (Monte Carlo terms, the exact bound) or "md4" (MD4's constant reconstruction term, no prior term).
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 1e-3  # Peak learning rate, reached after the warmup.
   config.optimizer.warmup_steps = 100  # Linear warmup from 0; then cosine decay to 0 at num_train_steps.
   config.optimizer.weight_decay = 0.0  # AdamW decoupled decay, on matrices only (not norms, biases).
-  config.optimizer.grad_clip_norm = 1.0  # Gradients are rescaled to at most this global norm.
+  config.optimizer.grad_clip_norm = 1.0  # Gradients are rescaled to at most this global norm; 0 = no clipping (MD4).
   config.optimizer.b1 = 0.9  # Adam first-moment decay.
   config.optimizer.b2 = 0.99  # Adam second-moment decay.
   config.optimizer.ema_decay = 0.99  # EMA of params used for eval and sampling, reached after a warm-up (train.ema_decay_at); 0 copies the params.
+  config.optimizer.ema_warmup = True  # Warm the EMA decay up from 0.1 (train.ema_decay_at); False: ema_decay from step 0 (MD4).
 
   config.training = ml_collections.ConfigDict()
   config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
+  config.training.loss_units = "nats"  # Unit of the per-token loss whose gradient the optimizer sees: "nats" or "bits" (MD4; the gradient / ln 2).
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
   config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.
 
@@ -162,7 +174,9 @@ CHECKPOINT_KEYS = (
     "data.bpe_vocab_size", "data.tokenizer_path", "data.packing", "data.text_field",
     "data.prompt_field", "data.response_field", "data.language_seed", "data.concentration",
     "model.type", "model.num_layers", "model.model_dim", "model.num_heads", "model.mlp_dim",
-    "model.time_conditioning", "model.scan_layers", "model.norm", "model.mlp", "model.embed_dim")
+    "model.time_conditioning", "model.scan_layers", "model.norm", "model.mlp", "model.embed_dim",
+    "model.norm_eps", "model.biases", "model.time_input", "model.time_features", "model.time_dim",
+    "model.time_hidden_dim", "model.adaln_activation")
 
 
 def resume_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
@@ -262,6 +276,19 @@ def _validate_parallelism(config: ml_collections.ConfigDict, num_devices: int, p
   _check_choice(model.norm, "model.norm", model_lib.NORMS)
   _check_choice(model.mlp, "model.mlp", model_lib.MLPS)
   _check_choice(model.output_init, "model.output_init", model_lib.OUTPUT_INITS)
+  _check_choice(model.weight_init, "model.weight_init", model_lib.WEIGHT_INITS)
+  _check_choice(model.time_input, "model.time_input", bounds.TIME_INPUTS)
+  _check_choice(model.time_features, "model.time_features", model_lib.TIME_FEATURES)
+  _check_choice(model.adaln_activation, "model.adaln_activation", model_lib.ADALN_ACTIVATIONS)
+  _check(isinstance(model.norm_eps, float) and model.norm_eps > 0,
+         f"model.norm_eps must be a float > 0, got {model.norm_eps!r}.")
+  _check(isinstance(model.biases, bool), f"model.biases must be true or false, got {model.biases!r}.")
+  for name in ("time_dim", "time_hidden_dim"):
+    _check(type(model[name]) is int and model[name] >= 0,  # pylint: disable=unidiomatic-typecheck
+           f"model.{name} must be an integer >= 0 (0: the default width), got {model[name]!r}.")
+  _check(model.time_features != "ddpm" or (model.time_dim or model.model_dim) >= 4,
+         f"model.time_features='ddpm' needs a time width (model.time_dim, 0: model_dim) >= 4, "
+         f"got {model.time_dim or model.model_dim}.")
   _check(type(model.embed_dim) is int and model.embed_dim >= 0,  # pylint: disable=unidiomatic-typecheck
          f"model.embed_dim must be an integer >= 0 (0: model_dim), got {model.embed_dim!r}.")
   _check(isinstance(model.scan_layers, bool),
@@ -365,7 +392,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
     except ValueError as e:
       raise ValueError(f"Invalid config: diffusion.schedule: {e} Learned: "
                        f"{', '.join(schedules.LEARNED_NAMES)}.") from None
+  _check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
   _check_choice(config.training.estimator, "training.estimator", bounds.ESTIMATORS)
+  _check_choice(config.training.loss_units, "training.loss_units", LOSS_UNITS)
   _check_choice(config.eval.estimator, "eval.estimator", bounds.ESTIMATORS)
   _check_list(config, "eval.discrete_steps", int, True, lambda t: t > 0,
               "positive integers (e.g. \"10,50,1000\")")
@@ -380,7 +409,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
          f"optimizer.warmup_steps must be an integer in [0, num_train_steps={config.num_train_steps}), "
          f"got {opt.warmup_steps!r}.")
   _check(opt.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {opt.weight_decay}.")
-  _check(opt.grad_clip_norm > 0, f"optimizer.grad_clip_norm must be > 0, got {opt.grad_clip_norm}.")
+  _check(opt.grad_clip_norm >= 0,
+         f"optimizer.grad_clip_norm must be >= 0 (0: no clipping), got {opt.grad_clip_norm}.")
+  _check(isinstance(opt.ema_warmup, bool),
+         f"optimizer.ema_warmup must be true or false, got {opt.ema_warmup!r}.")
   for name in ("b1", "b2", "ema_decay"):
     _check(0 <= opt[name] < 1, f"optimizer.{name} must be in [0, 1), got {opt[name]}.")
 

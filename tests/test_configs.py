@@ -205,3 +205,21 @@ def test_ar_model_rejects_time_conditioning():
 def test_cached_sampler_needs_a_time_free_denoiser():
   with pytest.raises(ValueError, match=r"sample.method='cached'.*time-free denoiser"):
     _bad(sample__method="cached", model__time_conditioning="adaln")()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(model__weight_init="xavier"), r"model.weight_init='xavier' is unknown; valid: normal, fan_in"),
+    (dict(model__time_input="sigma"), r"model.time_input='sigma' is unknown; valid: alpha, t"),
+    (dict(model__time_features="vdm"), r"model.time_features='vdm' is unknown; valid: dit, ddpm"),
+    (dict(model__adaln_activation="gelu"), r"model.adaln_activation='gelu' is unknown"),
+    (dict(model__norm_eps=0.0), r"model.norm_eps must be a float > 0"),
+    (dict(model__time_dim=-1), r"model.time_dim must be an integer >= 0"),
+    (dict(model__time_features="ddpm", model__time_dim=2), r"time_features='ddpm' needs a time width"),
+    (dict(diffusion__endpoint_terms="none"), r"diffusion.endpoint_terms='none' is unknown; valid: sampled, md4"),
+    (dict(training__loss_units="bytes"), r"training.loss_units='bytes' is unknown; valid: nats, bits"),
+    (dict(optimizer__grad_clip_norm=-1.0), r"optimizer.grad_clip_norm must be >= 0 \(0: no clipping\)"),
+])
+def test_md4_option_values_raise_clear_errors(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    _bad(**overrides)()
+

@@ -70,3 +70,24 @@ def test_rows_without_segment_ids_score_as_one_segment_at_positions_0_to_L(name)
   halves = np.where(np.arange(shape[1]) < shape[1] // 2, 1, 2).astype(np.int32)
   split = dict(explicit, segment_ids=np.broadcast_to(halves, shape))
   assert not np.allclose(score(split), score(batch), rtol=1e-6)
+
+
+def test_a_network_conditioned_on_t_gets_t():
+  """model.time_input = "t" (MD4's): the samplers' denoiser turns their α into t by the
+  schedule's inverse; the training loss calls the network with the t it drew."""
+  config = config_lib.load_config("tiny")
+  config.model.time_conditioning, config.model.time_input = "adaln", "t"
+  config.model.time_dim, config.model.time_hidden_dim = 16, 64  # Narrower than the model.
+  config.diffusion.schedule = "md4linear"
+  model = state_lib.build_model(config)
+  params = jax.tree.map(lambda p: p + 0.1, state_lib.init_state(  # adaLN off zero: t matters.
+      config, model, state_lib.make_optimizer(config), sharding.make_mesh(config, jax.devices()[:1])).params)
+  z = jnp.full((2, config.data.seq_len), config.data.vocab_size, jnp.int32)
+  alpha = jnp.asarray([0.9, 0.2], jnp.float32)
+  schedule = objective.schedule_of(params, config)
+  got = objective.sampling_denoiser(model, params, config)(z, alpha)
+  np.testing.assert_allclose(got, model.apply({"params": params}, z, schedule.time_of(alpha)), rtol=1e-6)
+  assert np.abs(got - model.apply({"params": params}, z, alpha)).max() > 1e-3
+  config.model.time_input = "alpha"
+  np.testing.assert_array_equal(objective.sampling_denoiser(model, params, config)(z, alpha),
+                                model.apply({"params": params}, z, alpha))

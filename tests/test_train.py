@@ -114,3 +114,36 @@ def test_ema_warm_up_forgets_the_random_init():
   state, _ = first_steps(config, jax.devices()[:1])
   expected = jax.tree.map(lambda i, p: 0.1 * i + 0.9 * p, init_params, jax.device_get(state.params))
   chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_md4_optimizer_options():
+  """MD4's optimizer side: the EMA at its decay from step 0 (optimizer.ema_warmup = False), the
+  gradient of the loss in bits (training.loss_units: nats / ln 2) and no clipping (grad_clip_norm 0)."""
+  base = load_config("tiny", data=1)
+  base.unlock()
+  base.optimizer.ema_decay = 0.9
+  md4 = base.copy_and_resolve_references()
+  md4.optimizer.ema_warmup, md4.training.loss_units, md4.optimizer.grad_clip_norm = False, "bits", 0.0
+  mesh = sharding.make_mesh(md4, jax.devices()[:1])
+  model = state_lib.build_model(md4)
+  init = jax.device_get(state_lib.init_state(md4, model, state_lib.make_optimizer(md4), mesh).params)
+  (state, [metrics]), (_, [nats_metrics]) = (first_steps(c, jax.devices()[:1]) for c in (md4, base))
+  expected = jax.tree.map(lambda i, p: 0.9 * i + 0.1 * p, init, jax.device_get(state.params))
+  chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(metrics["grad_norm"], nats_metrics["grad_norm"] / math.log(2), rtol=1e-5)
+  np.testing.assert_allclose(metrics["loss"], nats_metrics["loss"], rtol=1e-6)  # Reported in nats.
+  assert train.ema_decay_at(jnp.int32(5), 0.9, warmup=False) == 0.9
+  # No clipping: the optimizer is AdamW itself, on gradients of any norm (two steps, since one
+  # Adam step does not see a gradient's scale).
+  grads = [{"w": jnp.full((3,), 1e3)}, {"w": jnp.asarray([1.0, -2.0, 0.5])}]
+  params = {"w": jnp.zeros((3,))}
+  def updates(optimizer):
+    opt_state, out = optimizer.init(params), []
+    for g in grads:
+      update, opt_state = optimizer.update(g, opt_state, params)
+      out.append(update["w"])
+    return np.asarray(out)
+  adamw = state_lib.optax.adamw(state_lib.learning_rate_schedule(md4), b1=md4.optimizer.b1,
+                                b2=md4.optimizer.b2, weight_decay=0.0)
+  np.testing.assert_allclose(updates(state_lib.make_optimizer(md4)), updates(adamw), rtol=1e-6)
+  assert not np.allclose(updates(state_lib.make_optimizer(base)), updates(adamw), rtol=1e-3)

@@ -51,7 +51,8 @@ def profile_nats(params, batch: dict, key, *, model, config: ml_collections.Conf
     time_key, mask_key = jax.random.split(jax.random.fold_in(key, b))
     t = (b + 1 - jax.random.uniform(time_key, tokens.shape[:1])) / bins  # In (b/bins, (b+1)/bins].
     return bounds.continuous_loss_at(mask_key, denoise_fn, tokens, schedule, t,
-                                        mask_id=config.data.vocab_size, editable=editable)
+                                     mask_id=config.data.vocab_size, editable=editable,
+                                     time_input=config.model.time_input)
 
   return jax.lax.map(one_bin, jnp.arange(bins)).T
 

@@ -272,7 +272,7 @@ class Block(nn.Module):
       return _constrain(x + mlp(norm("mlp_norm")(x)), _HIDDEN)
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
-    cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)
+    cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)  # A narrower one: whole.
     mod = _adaln(6 * model_dim, cond_names, self.biases, self.dtype, "adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
     x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1),
@@ -418,8 +418,8 @@ class Transformer(nn.Module):
         raise ValueError(f"positions must lie in [0, {tokens.shape[1]}) (the sequence length), "
                          f"got {outside.ravel()[:5].tolist()}")
     dense_init = kernel_init(self.weight_init, self.num_layers)
-    # An axis of the model's width is "embed" (sharded by FSDP); a narrower one stays whole.
-    width_name = lambda width: "embed" if width == self.model_dim else "time"
+    # An axis of the model's width is "embed" (sharded by FSDP); another one stays whole.
+    width_name = lambda width: "embed" if width == self.model_dim else None
 
     def dense(features, names, name):
       return nn.Dense(features, use_bias=self.biases, dtype=self.dtype, param_dtype=jnp.float32,
@@ -457,8 +457,8 @@ class Transformer(nn.Module):
 
     x = _norm(self.norm, self.norm_eps, self.dtype, "final_norm")(x)
     if cond is not None:
-      mod = _adaln(2 * self.model_dim, (width_name(cond.shape[-1]),), self.biases, self.dtype,
-                   "final_adaln")(cond)
+      cond_names = ("embed" if cond.shape[-1] == self.model_dim else "time",)
+      mod = _adaln(2 * self.model_dim, cond_names, self.biases, self.dtype, "final_adaln")(cond)
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = _modulate(x, shift, scale)
     output_init = nn.initializers.zeros if self.output_init == "zeros" else dense_init

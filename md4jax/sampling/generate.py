@@ -104,7 +104,7 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
     return np.asarray(tokens), length, seconds, None
   # A learned schedule is read from the params (concrete here), like the network.
   schedule = objective.schedule_of(params, config)
-  denoiser = lambda p: lambda z, time: model.apply({"params": objective.network_params(p)}, z, time)
+  denoiser = lambda p: objective.sampling_denoiser(model, p, config)
   sample_kwargs = dict(schedule=schedule, mask_id=vocab_size, method=cfg.method,
                        num_steps=cfg.num_steps, threshold=run["threshold"], **filters)
   if length > seq_len:

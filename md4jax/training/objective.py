@@ -68,25 +68,42 @@ def network_params(params: Any) -> Any:
 
 
 def denoiser(model, params, batch: dict):
-  """denoise_fn(z_t, alpha_t or t) -> logits of the mdm model on the batch's documents."""
+  """denoise_fn(z_t, time) -> logits of the mdm model on the batch's documents, the time value
+  passed to the network as it is: α(t), or t for config.model.time_input = "t" (the bounds
+  call it so, `bounds.nelbo`'s time_input) and for a state-dependent schedule."""
   segments, positions = batch["segment_ids"], batch["positions"]
   network = network_params(params)
   return lambda z_t, time: model.apply({"params": network}, z_t, time, segments, positions)
 
 
+def sampling_denoiser(model, params, config: ml_collections.ConfigDict):
+  """denoise_fn(z, alpha) -> logits for the samplers, which call it with α (t for a
+  state-dependent schedule): a network conditioned on t (config.model.time_input = "t")
+  gets schedule.time_of(alpha), t to within the rounding of α."""
+  schedule = schedule_of(params, config)
+  network = network_params(params)
+  time_input = "alpha" if schedule.state_dependent else config.model.time_input
+  to_time = bounds.time_argument(schedule, time_input)
+  return lambda z, time: model.apply({"params": network}, z, to_time(time))
+
+
 def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
                   estimator: str, t_sampling: str, num_steps: Optional[int] = None,
-                  row_index: Optional[jax.Array] = None, num_rows: Optional[int] = None) -> jax.Array:
+                  row_index: Optional[jax.Array] = None, num_rows: Optional[int] = None,
+                  draws: Optional[dict] = None) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
   row_index [B] and num_rows place the rows in their global batch (default:
   the batch is the global batch), so a row's draws do not depend on how the
-  batch is split (`bounds.nelbo`).
+  batch is split (`bounds.nelbo`). draws ({"t": [B], "masked": [B, L]}, mdm) replay
+  given times and masks instead of drawing them (`bounds.nelbo`).
   """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
   editable = batch["editable"].astype(bool)
   vocab_size = config.data.vocab_size
   if config.model.type == "ar":
+    if draws is not None:
+      raise ValueError("draws replay a diffusion loss's times and masks; the ar model has none.")
     # Each document starts from BOS: a packed document never reads its predecessor's end.
     inputs = ar_inputs(tokens, vocab_size)
     if positions is not None:
@@ -94,20 +111,26 @@ def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.Con
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
   return bounds.nelbo(key, denoiser(model, params, batch), tokens, schedule_of(params, config),
-                         mask_id=vocab_size, editable=editable, estimator=estimator,
-                         t_sampling=t_sampling, num_steps=num_steps, row_index=row_index,
-                         num_rows=num_rows, reconstruction_time=config.diffusion.reconstruction_time)
+                      mask_id=vocab_size, editable=editable, estimator=estimator,
+                      t_sampling=t_sampling, num_steps=num_steps, row_index=row_index,
+                      num_rows=num_rows, reconstruction_time=config.diffusion.reconstruction_time,
+                      time_input=config.model.time_input,
+                      endpoint_terms=config.diffusion.endpoint_terms, draws=draws)
 
 
 def training_loss(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
-                  row_index: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+                  row_index: jax.Array, num_rows: int,
+                  draws: Optional[dict] = None) -> tuple[jax.Array, jax.Array]:
   """(loss to differentiate [B], NELBO draw [B]): equal in value; for a learned schedule the
-  first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`)."""
+  first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`).
+  draws: replayed times and masks (`sequence_nats`)."""
   if not is_learned(config) or config.model.type == "ar":
     nats = sequence_nats(params, batch, key, model=model, config=config,
                          estimator=config.training.estimator, t_sampling="stratified",
-                         row_index=row_index, num_rows=num_rows)
+                         row_index=row_index, num_rows=num_rows, draws=draws)
     return nats, nats
+  if draws is not None:
+    raise ValueError("draws replay a mask-rate schedule's training loss, not a learned schedule's.")
   nats, surrogate = bounds.nelbo_surrogate(
       key, denoiser(model, params, batch), batch["tokens"], schedule_of(params, config),
       mask_id=config.data.vocab_size, editable=batch["editable"].astype(bool),

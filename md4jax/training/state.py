@@ -37,7 +37,9 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
       num_heads=m.num_heads, mlp_dim=m.mlp_dim, causal=m.type == "ar",
       time_conditioning=m.time_conditioning, dtype=jnp.dtype(m.dtype), attention=m.attention,
       remat=m.remat, scan_layers=m.scan_layers, norm=m.norm, mlp=m.mlp, embed_dim=m.embed_dim,
-      output_init=m.output_init)
+      output_init=m.output_init, weight_init=m.weight_init, norm_eps=m.norm_eps, biases=m.biases,
+      time_features=m.time_features, time_dim=m.time_dim, time_hidden_dim=m.time_hidden_dim,
+      adaln_activation=m.adaln_activation)
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -55,21 +57,23 @@ def weight_decay_mask(params) -> Any:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """AdamW on everything; a learned schedule's θ moves at diffusion.exponent_learning_rate
-  (its Adam step rescaled, on the same warmup and decay) and is clipped on its own, so its
-  noisy score-function gradient never shrinks the network's step."""
+  """AdamW on everything, after a global-norm clip (none for optimizer.grad_clip_norm = 0, as
+  MD4); a learned schedule's θ moves at diffusion.exponent_learning_rate (its Adam step
+  rescaled, on the same warmup and decay) and is clipped on its own, so its noisy
+  score-function gradient never shrinks the network's step."""
   opt = config.optimizer
   adamw = optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
                       weight_decay=opt.weight_decay, mask=weight_decay_mask)
+  clip = lambda: (optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm > 0
+                  else optax.identity())
   if not objective.is_learned(config):
-    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adamw)
+    return optax.chain(clip(), adamw)
   def is_theta(params, theta=True):
     return {k: jax.tree.map(lambda _: (k == objective.SCHEDULE_PARAMS) == theta, v)
             for k, v in params.items()}
   ratio = config.diffusion.exponent_learning_rate / opt.learning_rate
   return optax.chain(
-      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), functools.partial(is_theta, theta=False)),
-      optax.masked(optax.clip_by_global_norm(opt.grad_clip_norm), is_theta),
+      optax.masked(clip(), functools.partial(is_theta, theta=False)), optax.masked(clip(), is_theta),
       adamw, optax.masked(optax.scale(ratio), is_theta))
 
 

@@ -49,20 +49,23 @@ def _microbatches(batch: dict, num: int) -> tuple[dict, jax.Array]:
   Microbatch j holds rows j, j + num, j + 2·num, ...: every device keeps its
   share of each microbatch, so no rows move between devices.
   """
-  rows = batch["tokens"].shape[0]
+  rows = jax.tree.leaves(batch)[0].shape[0]
   split = lambda x: x.reshape(rows // num, num, *x.shape[1:]).swapaxes(0, 1)
   micro = jax.tree.map(
       lambda x: nn.with_logical_constraint(split(x), (None, "batch") + (None,) * (x.ndim - 1)), batch)
   return micro, split(jnp.arange(rows))
 
 
-def ema_decay_at(step: jax.Array, decay: float) -> jax.Array:
-  """The EMA decay of the update after `step` optimizer steps: min(decay, (1 + step) / (10 + step)).
+def ema_decay_at(step: jax.Array, decay: float, warmup: bool = True):
+  """The EMA decay of the update after `step` optimizer steps: min(decay, (1 + step) / (10 + step)),
+  or `decay` itself from step 0 without the warm-up (MD4's; config.optimizer.ema_warmup).
 
   The warm-up keeps the random init from lingering in the EMA (with a fixed 0.999 it would
   still hold 37% of it after 1,000 steps): after n steps its weight is Π (1 + k) / (10 + k)
   = 9! n! / (n + 9)! (1e-5 after 10 steps) until the rate reaches `decay`.
   """
+  if not warmup:
+    return decay  # A Python float: 1 − decay is then exact before it is rounded to float32.
   return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
@@ -73,37 +76,49 @@ def _flat_aux(value_and_grad_output):
 
 
 def train_step(state: TrainState, batch: dict, *, model, optimizer,
-               config: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
+               config: ml_collections.ConfigDict,
+               draws: Optional[dict] = None) -> tuple[TrainState, dict]:
   """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions, editable;
-  segment_ids and positions may be None, `md4jax.data.sources`). Pure."""
+  segment_ids and positions may be None, `md4jax.data.sources`). Pure.
+
+  draws ({"t": [B], "masked": [B, L] bool}, mdm with a mask-rate schedule): the times and
+  masked positions of the loss, instead of the step's own draws, to replay another
+  implementation's training (tests/test_md4_parity.py).
+  """
   key = jax.random.fold_in(state.rng, state.step)
   num_rows = batch["tokens"].shape[0]
 
-  def total_nats(params, rows: dict, row_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def total_nats(params, rows: dict, row_index: jax.Array, row_draws) -> tuple[jax.Array, jax.Array]:
     # (differentiated loss, reported NELBO): equal in value (objective.training_loss).
     loss, nats = objective.training_loss(params, rows, key, model=model, config=config,
-                                         row_index=row_index, num_rows=num_rows)
+                                         row_index=row_index, num_rows=num_rows, draws=row_draws)
     return loss.sum(), nats.sum()
 
   grad_fn = lambda *args: _flat_aux(jax.value_and_grad(total_nats, has_aux=True)(*args))
   num_micro = config.training.grad_accum_steps
   if num_micro == 1:
-    total, grads = grad_fn(state.params, batch, jnp.arange(num_rows))
+    total, grads = grad_fn(state.params, batch, jnp.arange(num_rows), draws)
   else:
     def accumulate(carry, inputs):
       value, grads = grad_fn(state.params, *inputs)
       return jax.tree.map(jnp.add, carry, (value, grads)), None
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
     # Accumulates (reported NELBO, grads).
-    (total, grads), _ = jax.lax.scan(accumulate, zeros, _microbatches(batch, num_micro))
+    micro_draws = None if draws is None else _microbatches(draws, num_micro)[0]
+    (total, grads), _ = jax.lax.scan(accumulate, zeros, (*_microbatches(batch, num_micro), micro_draws))
   # Per valid token, never per masked token (MATH.md, "Objective").
   num_tokens = jnp.maximum(batch["editable"].astype(jnp.int32).sum(), 1)
   loss = total / num_tokens
-  grads = jax.tree.map(lambda g: g / num_tokens, grads)
+  # The gradient of the loss in training.loss_units: bits are nats / ln 2 (MD4's; only Adam's
+  # eps and the clip threshold see the difference).
+  per_unit = num_tokens * (math.log(2.0) if config.training.loss_units == "bits" else 1.0)
+  grads = jax.tree.map(lambda g: g / per_unit, grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  decay = ema_decay_at(state.step, config.optimizer.ema_decay)
-  ema_params = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+  decay = ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
+  # e + (1 − d)(p − e), not d e + (1 − d) p: at d near 1 the increment is small and rounds
+  # relative to itself, where d e rounds relative to e (0.9999 for 300 steps: 5e-6 vs 2e-7).
+  ema_params = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
   metrics = {
       "loss": loss,
       "nelbo_bits_per_token": loss / math.log(2.0),  # For "ar": the NLL in bits/token.
@@ -138,7 +153,7 @@ def _check_finite(step_metrics: list[tuple[int, dict]], last_checkpoint: Optiona
               else "no checkpoint was saved")
       raise FloatingPointError(
           f"Loss is {metrics['loss']} at step {step}: stopping without saving this state; {kept}. "
-          "Try a lower optimizer.learning_rate or optimizer.grad_clip_norm.")
+          "Try a lower optimizer.learning_rate or optimizer.grad_clip_norm (> 0).")
 
 
 def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, iterator, mesh: Mesh,
