@@ -492,6 +492,7 @@ class _Setting:
   remask_eta: float
   remask_loop: int
   remask_loop_alpha: float
+  guidance_scale: float
 
   def filtered(self, logits):
     return categorical.filter_logits(logits, temperature=self.temperature, top_k=self.top_k,
@@ -529,9 +530,25 @@ _SAMPLERS = {
 assert set(_SAMPLERS) == set(METHODS)
 
 
+def _guided(denoise_fn, given, mask_id, scale):
+  """Classifier-free guidance: (1 + w) log p(· | z) − w log p(· | z with the prompt masked),
+  both from one call on the doubled batch. Entries the conditional rules out stay out."""
+  def guided(z, alpha):
+    batch_size = z.shape[0]
+    both = denoise_fn(jnp.concatenate([z, jnp.where(given, mask_id, z)]),
+                      jnp.concatenate([jnp.broadcast_to(alpha, (batch_size,))] * 2))
+    cond, uncond = jnp.split(jax.nn.log_softmax(both.astype(jnp.float32), axis=-1), 2)
+    floor = jnp.finfo(jnp.float32).min / 4  # Keeps (1 + w) cond − w uncond finite.
+    mixed = (1.0 + scale) * cond - scale * jnp.maximum(uncond, floor)
+    return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
+  return guided
+
+
 def _run(setting: _Setting, key, prompt, prompt_mask):
   denoise_fn = bounds.checked_denoiser(setting.denoise_fn, setting.mask_id)
   z = _initial_tokens(setting.batch_size, setting.length, setting.mask_id, prompt, prompt_mask)
+  if setting.guidance_scale != 0:
+    denoise_fn = _guided(denoise_fn, z != setting.mask_id, setting.mask_id, setting.guidance_scale)
   trajectory = None
   if setting.record_trajectory:
     num_records = max_calls(setting.method, setting.length, setting.num_steps,
@@ -585,7 +602,7 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
            time_grid_kind: str = "uniform", confidence: str = "max_prob",
            threshold: Optional[float] = None, noise: str = "float64",
            remask: str = "cap", remask_eta: float = 0.0, remask_loop: int = 0,
-           remask_loop_alpha: float = 0.9,
+           remask_loop_alpha: float = 0.9, guidance_scale: float = 0.0,
            record_trajectory: bool = False, trajectory_top_k: int = 5):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
@@ -607,6 +624,9 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
       of σ_t ("cap": min(η, σ_max), "rescale": η σ_max, "confidence": σ_max shared by the
       visible tokens, the least confident first; η unused), and ReMDM-loop's extra steps at
       the fixed α the grid first reaches above remask_loop_alpha (then only they remask).
+    guidance_scale: w of classifier-free guidance (any method): each call mixes the
+      denoiser's log-probs as (1 + w) cond − w uncond, uncond with the prompt masked (one
+      call on the doubled batch); 0 is the conditional model, bit for bit. Needs a prompt.
     record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's
       "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step
@@ -635,6 +655,11 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
     raise ValueError(f"Unknown time grid {time_grid_kind!r}; valid: {', '.join(TIME_GRIDS)}.")
   if confidence not in CONFIDENCES:
     raise ValueError(f"Unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}.")
+  if guidance_scale != 0 and prompt is None:
+    raise ValueError("sample: guidance_scale needs a prompt: guidance contrasts the prompt with "
+                     "the prompt masked.")
+  if not guidance_scale >= 0:
+    raise ValueError(f"sample: guidance_scale must be >= 0, got {guidance_scale}.")
   if remask not in REMASKS:
     raise ValueError(f"Unknown remask strategy {remask!r}; valid: {', '.join(REMASKS)}.")
   if not 0 <= remask_eta <= 1 or remask_loop < 0 or not 0 < remask_loop_alpha < 1:
@@ -649,7 +674,7 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   setting = _Setting(denoise_fn, batch_size, length, schedule, mask_id, method, num_steps,
                      temperature, top_k, top_p, time_grid_kind, confidence, threshold, noise,
                      record_trajectory, trajectory_top_k, remask, float(remask_eta),
-                     int(remask_loop), float(remask_loop_alpha))
+                     int(remask_loop), float(remask_loop_alpha), float(guidance_scale))
   traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask)))
   if traced:
     return _run(setting, key, prompt, prompt_mask)
