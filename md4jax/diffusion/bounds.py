@@ -65,13 +65,18 @@ TIME_INPUTS = ("alpha", "t")  # What a mask-rate schedule's denoiser is called w
 ENDPOINT_TERMS = ("sampled", "md4")
 
 
+def _alpha_itself(alpha, t=None):
+  del t
+  return alpha
+
+
 def time_argument(schedule, time_input: str):
   """(alpha, t or None) -> the denoiser's time argument: alpha, or t (schedule.time_of(alpha)
   where no t was drawn)."""
   if time_input not in TIME_INPUTS:
     raise ValueError(f"Unknown time_input {time_input!r}; valid: {', '.join(TIME_INPUTS)}.")
   if time_input == "alpha":
-    return lambda alpha, t=None: alpha
+    return _alpha_itself
   return lambda alpha, t=None: schedule.time_of(alpha) if t is None else t
 
 
@@ -123,7 +128,7 @@ def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t:
 
 
 def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask_id, estimator,
-                   time_arg):
+                   time_arg=_alpha_itself):
   """One draw of the discrete-time sum: step i uniform on 1..T (from u in (0, 1]), times T."""
   step = jnp.clip(jnp.ceil(u * num_steps), 1, num_steps)
   t, s = step / num_steps, (step - 1) / num_steps
@@ -135,7 +140,8 @@ def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask
                         per_mask_weight=rate_weight / mask_rate_t, rate_weight=rate_weight)
 
 
-def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator, time_arg):
+def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator,
+                   time_arg=_alpha_itself):
   """One draw of ∫_low^high h(λ) dλ with λ uniform on (low, high]."""
   time_key, term_key = masking.split_keys(key, 2)
   mask_rate = high - (high - low) * masking.uniform(time_key, (x.shape[0],))
@@ -145,7 +151,7 @@ def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimato
                         rate_weight=jnp.full_like(mask_rate, high - low))
 
 
-def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg):
+def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alpha_itself):
   """∫_0^1 h dλ with λ integrated out given the mask count k (bounded variance).
 
   Under λ ~ U(0, 1) the number k of masked editable positions is uniform on
@@ -173,7 +179,8 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
           estimator: str = "standard", t_sampling: str = "stratified",
           row_index: Optional[Array] = None, num_rows: Optional[int] = None,
           reconstruction_time: float = 1e-4, time_input: str = "alpha",
-          endpoint_terms: str = "sampled", draws: Optional[dict] = None) -> Array:
+          endpoint_terms: str = "sampled", draws: Optional[dict] = None,
+          block_size: Optional[int] = None) -> Array:
   """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
 
   Args:
@@ -204,6 +211,13 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
     draws: {"t": [B] float, "masked": [B, L] bool}: the times and masked positions to
       use instead of drawing them (replaying another implementation's corruptions);
       standard estimator, continuous time, mask-rate schedules only.
+    block_size: b, dividing L (None or L: the whole sequence is one block). Block
+      diffusion's bound (BD3-LM): Σ_blocks of the bound of the block given the clean blocks
+      before it, each with its own draws (of t too: independent terms, each unbiased for
+      its block). The denoiser sees, for block k, the clean prefix, the noisy block and
+      every later position masked, so the exact posterior gives the exact block law; b = 1
+      is an autoregressive model's NLL. This is the reference path over any denoiser: one
+      call per block.
   Returns:
     Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
   """
@@ -229,6 +243,15 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
   chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
+  if block_size is not None and (block_size < 1 or x.shape[1] % block_size):
+    raise ValueError(f"block_size must divide the length {x.shape[1]}, got {block_size}.")
+  if block_size is not None and block_size < x.shape[1]:
+    if draws is not None or schedule.state_dependent:
+      raise ValueError("block_size < L takes neither draws nor a state-dependent schedule.")
+    return _block_nelbo(key, denoise_fn, x, schedule, block_size, mask_id=mask_id,
+                        editable=editable, num_steps=num_steps, estimator=estimator,
+                        t_sampling=t_sampling, row_index=row_index, num_rows=num_rows,
+                        time_input=time_input, endpoint_terms=endpoint_terms)
   if editable is not None:
     chex.assert_shape(editable, x.shape, custom_message="nelbo: editable must have x's shape [B, L]")
   if row_index is not None:
@@ -269,6 +292,19 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if schedule.needs_prior_term:
     total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0,
                             time_arg=time_arg, **kwargs)
+  return total
+
+
+def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, **kwargs):
+  """Σ_k NELBO(block k | blocks < k): block k alone editable, every later block masked."""
+  editable = masking.editable_or_all(x, editable)
+  block_of = jnp.arange(x.shape[1]) // block_size
+  total = jnp.zeros(x.shape[:1], jnp.float32)
+  for block in range(x.shape[1] // block_size):
+    def block_denoiser(z, time, future=block_of > block):
+      return denoise_fn(jnp.where(future, mask_id, z), time)
+    total += nelbo(jax.random.fold_in(key, block), block_denoiser, x, schedule, mask_id=mask_id,
+                   editable=editable & (block_of == block), **kwargs)
   return total
 
 
