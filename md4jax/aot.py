@@ -173,6 +173,7 @@ def sampler_step(config, model, mesh):
 
 def analyze(config, topology: str) -> dict:
   """The AOT report of `config` on TPU slice `topology` (see the module docstring)."""
+  config = config_lib.resolve_preset(config)
   devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   specs = chip_specs(devices)
   mesh = sharding.make_mesh(config, devices)

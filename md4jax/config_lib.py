@@ -3,11 +3,22 @@
 `base_config()` declares every key once, with what it means; a config file
 overrides values only. `validate_config` holds all checks, so a bad value fails
 before any compilation, with a message naming the key.
+
+model.preset names a set of model keys and their values ("md4": MD4's text
+network, docs/md4_parity.md). `resolve_preset` sets them when a run starts (every
+mode, and the CLI with its --config overrides), so the run's config.json holds
+the resolved values. A preset owns its keys: each must be left at its
+base_config value or already hold the preset's value; any other value, or a
+command-line override of one to anything else, is an error naming the key. To
+vary one of them, set model.preset = "none" and every key of `preset_values`.
+(A config file that sets one to its base value cannot be told from one that left
+it: the preset's value wins there.)
 """
 
 import functools
 import importlib.util
 import pathlib
+from typing import Iterable
 
 import ml_collections
 
@@ -23,6 +34,7 @@ TOKENIZERS = ("char", "byte", "bpe")
 PACKINGS = ("concat", "documents")
 MODEL_TYPES = ("mdm", "ar")
 TIME_CONDITIONINGS = ("none", "adaln")
+PRESETS = ("none", "md4")
 LOSS_UNITS = ("nats", "bits")
 DTYPES = ("float32", "bfloat16")
 # text8: lowercase a-z and space, one id per character.
@@ -84,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.time_dim = 0  # adaln: width of the time features and time embedding (MD4: the head dim); 0 = model_dim.
   config.model.time_hidden_dim = 0  # adaln: hidden width of the time MLP (MD4: 4 × time_dim); 0 = the time embedding's width.
   config.model.adaln_activation = "silu"  # adaln: activation of the time embedding every adaLN projection reads, "silu" or "sigmoid" (MD4).
+  config.model.preset = "none"  # "none" or "md4": sets every model choice above to MD4's text network (resolve_preset; docs/md4_parity.md).
 
   # Device mesh (md4jax.runtime.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
   config.mesh = ml_collections.ConfigDict()
@@ -176,7 +189,7 @@ CHECKPOINT_KEYS = (
     "model.type", "model.num_layers", "model.model_dim", "model.num_heads", "model.mlp_dim",
     "model.time_conditioning", "model.scan_layers", "model.norm", "model.mlp", "model.embed_dim",
     "model.norm_eps", "model.biases", "model.time_input", "model.time_features", "model.time_dim",
-    "model.time_hidden_dim", "model.adaln_activation")
+    "model.time_hidden_dim", "model.adaln_activation", "model.preset")
 
 
 def resume_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
@@ -210,6 +223,60 @@ def check_resume(saved: dict, config: ml_collections.ConfigDict, where):
 def _value(config, name: str):
   """The value of a dotted key such as "eval.discrete_steps"."""
   return functools.reduce(getattr, name.split("."), config)
+
+
+def md4_mlp_dim(model_dim: int) -> int:
+  """MD4's MLP width for a model width D: 2/3 of 4 D, rounded up to a multiple of 32."""
+  return -(-(8 * model_dim // 3) // 32) * 32
+
+
+def preset_values(config: ml_collections.ConfigDict) -> dict:
+  """{model key: value} that config.model.preset sets, for this config's widths ({} for "none").
+
+  "md4": MD4's text network (google-deepmind/md4, md4/networks/transformer.py with
+  md4/configs/md4/text8.py's choices), whose per-head width is also its token-embedding
+  and time-embedding width.
+  """
+  model = config.model
+  _check_choice(model.preset, "model.preset", PRESETS)
+  if model.preset == "none":
+    return {}
+  head_dim = model.model_dim // model.num_heads
+  return {
+      "time_conditioning": "adaln", "time_input": "t", "time_features": "ddpm",
+      "time_dim": head_dim, "time_hidden_dim": 4 * head_dim, "adaln_activation": "sigmoid",
+      "weight_init": "fan_in_mlp_depth", "norm": "layer", "norm_eps": 1e-5, "biases": True,
+      "mlp": "sigmoid_glu", "mlp_dim": md4_mlp_dim(model.model_dim), "embed_dim": head_dim,
+      "output_init": "zeros",
+  }
+
+
+def resolve_preset(config: ml_collections.ConfigDict,
+                   explicit: Iterable[str] = ()) -> ml_collections.ConfigDict:
+  """config with model.preset's values set (a copy; config itself for preset "none").
+
+  Each key the preset sets must be at its base_config value (it takes the preset's) or
+  already hold the preset's value; a key in `explicit` (dotted names, e.g. the command
+  line's overrides) must hold the preset's value. Anything else raises ValueError naming it.
+  """
+  values = preset_values(config)
+  if not values:
+    return config
+  _check(config.model.type == "mdm",
+         f"model.preset={config.model.preset!r} is a diffusion denoiser; model.type must be 'mdm', "
+         f"got {config.model.type!r}.")
+  base, explicit = base_config().model, set(explicit)
+  resolved = config.copy_and_resolve_references()
+  for key, value in values.items():
+    current = config.model[key]
+    free = current == base[key] and f"model.{key}" not in explicit
+    _check(free or current == value,
+           f"model.preset={config.model.preset!r} sets model.{key}={value!r}, but the config sets "
+           f"{current!r}: a preset owns its keys (set it to {value!r}, or leave it at its base "
+           f"value{'' if f'model.{key}' in explicit else f' {base[key]!r}'}), or set "
+           "model.preset='none' and every model key yourself.")
+    resolved.model[key] = value
+  return resolved
 
 
 def parse_list(text: str, kind=int) -> tuple:
@@ -358,6 +425,10 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   model = config.model
   _check_choice(model.type, "model.type", MODEL_TYPES)
   _check_choice(model.time_conditioning, "model.time_conditioning", TIME_CONDITIONINGS)
+  for key, value in preset_values(config).items():
+    _check(model[key] == value,
+           f"model.preset={model.preset!r} sets model.{key}={value!r}, but the config holds "
+           f"{model[key]!r}: resolve the preset first (config_lib.resolve_preset; every mode does).")
   _check_choice(model.dtype, "model.dtype", DTYPES)
   _check(model.model_dim % model.num_heads == 0 and (model.model_dim // model.num_heads) % 2 == 0,
          f"model.model_dim={model.model_dim} / model.num_heads={model.num_heads} must be an even "

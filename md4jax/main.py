@@ -23,6 +23,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from md4jax import config_lib
 from md4jax import modes
 from md4jax.runtime import allocator
 from md4jax.runtime import workdir as workdir_lib
@@ -82,7 +83,10 @@ def main(argv):
     jax.config.update("jax_num_cpu_devices", _CONFIG.value.cpu_devices)
   _initialize_distributed()
   try:
-    _MODES[_MODE.value](_CONFIG.value, _WORKDIR.value)
+    # The overrides on the command line are explicit: a preset may not silently replace them.
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    config = config_lib.resolve_preset(_CONFIG.value, explicit=overrides)
+    _MODES[_MODE.value](config, _WORKDIR.value)
   except USER_ERRORS as e:
     if flags.FLAGS["verbosity"].present:
       raise

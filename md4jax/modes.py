@@ -158,6 +158,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
 
   A SIGTERM or Ctrl-C stops after the step in flight with a checkpoint of it: returns None.
   """
+  config = config_lib.resolve_preset(config)
   started = time.perf_counter()
   with _session(config, workdir, "train", restored=False) as (run, writer):
     writer.drop_records_after(run.restored_step or 0)
@@ -204,6 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
   """--mode=eval: evaluates the EMA params of the latest checkpoint into eval.json."""
+  config = config_lib.resolve_preset(config)
   with _session(config, workdir, "eval", restored=True) as (run, writer):
     results = run.evaluate(writer)
   print(evaluate.summary(results))
@@ -212,6 +214,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
 
 def sample_checkpoint(config: ml_collections.ConfigDict, workdir) -> list[dict]:
   """--mode=sample: samples from the EMA params of the latest checkpoint into samples.jsonl."""
+  config = config_lib.resolve_preset(config)
   with _session(config, workdir, "sample", restored=True) as (run, writer):
     records = run.sample(writer)
   for record in records:
@@ -223,6 +226,7 @@ def frontier_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
   """--mode=frontier: sweeps samplers of the latest checkpoint into frontier.json and its plot.
 
   Takes no lock: it writes only files no other mode writes, so it may run beside training."""
+  config = config_lib.resolve_preset(config)
   run = Run(config, workdir)
   try:
     if run.restored_step is None:

@@ -215,6 +215,9 @@ def test_cached_sampler_needs_a_time_free_denoiser():
     (dict(model__norm_eps=0.0), r"model.norm_eps must be a float > 0"),
     (dict(model__time_dim=-1), r"model.time_dim must be an integer >= 0"),
     (dict(model__time_features="ddpm", model__time_dim=2), r"time_features='ddpm' needs a time width"),
+    (dict(model__preset="gpt2"), r"model.preset='gpt2' is unknown; valid: none, md4"),
+    (dict(model__preset="md4"), r"model.preset='md4' sets model.time_conditioning='adaln'.*"
+                                r"resolve the preset first"),
     (dict(diffusion__endpoint_terms="none"), r"diffusion.endpoint_terms='none' is unknown; valid: sampled, md4"),
     (dict(training__loss_units="bytes"), r"training.loss_units='bytes' is unknown; valid: nats, bits"),
     (dict(optimizer__grad_clip_norm=-1.0), r"optimizer.grad_clip_norm must be >= 0 \(0: no clipping\)"),
@@ -223,3 +226,41 @@ def test_md4_option_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):
     _bad(**overrides)()
 
+
+def test_md4_preset_resolves_to_md4s_text_network():
+  """On text8's shape the preset sets MD4's text8 network; the config passed in is not changed,
+  and the resolved one validates and resolves to itself."""
+  config = load("text8")
+  config.model.preset = "md4"
+  resolved = config_lib.resolve_preset(config)
+  model = resolved.model
+  assert config.model.norm == "rms" and model.norm == "layer"  # A copy.
+  assert (model.time_conditioning, model.time_input, model.time_features, model.adaln_activation,
+          model.weight_init, model.norm_eps, model.biases, model.mlp, model.output_init) == (
+              "adaln", "t", "ddpm", "sigmoid", "fan_in_mlp_depth", 1e-5, True, "sigmoid_glu", "zeros")
+  # MD4's feature_dim 64 is its head dim, token-embedding and time-embedding width; MLP 2048.
+  assert (model.embed_dim, model.time_dim, model.time_hidden_dim, model.mlp_dim) == (64, 64, 256, 2048)
+  config_lib.validate_config(resolved, num_devices=1)
+  assert config_lib.resolve_preset(resolved).to_dict() == resolved.to_dict()
+  plain = load("text8")
+  assert config_lib.resolve_preset(plain) is plain  # "none": nothing to set.
+  assert [config_lib.md4_mlp_dim(d) for d in (64, 192, 256, 768)] == [192, 512, 704, 2048]
+
+
+def test_md4_preset_owns_its_keys():
+  """A key at its base value takes the preset's; one set to anything else, or overridden on the
+  command line (explicit) to anything but the preset's value, is an error naming it."""
+  config = load("tiny")  # mlp_dim 64: neither the base 256 nor MD4's 96 for width 32.
+  config.model.preset = "md4"
+  with pytest.raises(ValueError, match=r"model.preset='md4' sets model.mlp_dim=96, but the config "
+                                       r"sets 64: a preset owns its keys \(set it to 96, or leave it at "
+                                       r"its base value 256\)"):
+    config_lib.resolve_preset(config)
+  config.model.mlp_dim = 96
+  assert config_lib.resolve_preset(config).model.norm == "layer"
+  with pytest.raises(ValueError, match=r"sets model.norm='layer', but the config sets 'rms'"):
+    config_lib.resolve_preset(config, explicit=["model.norm", "num_train_steps"])
+  config_lib.resolve_preset(config, explicit=["model.mlp_dim"])  # Already MD4's value.
+  config.model.type = "ar"
+  with pytest.raises(ValueError, match=r"model.preset='md4' is a diffusion denoiser"):
+    config_lib.resolve_preset(config)

@@ -187,6 +187,32 @@ def test_text8_smoke(tmp_path):
   assert len(sample["text"]) == 32 and set(sample["text"]) <= set("abcdefghijklmnopqrstuvwxyz ")
 
 
+MD4_FLAGS = ("--config.model.preset=md4", "--config.model.mlp_dim=96",
+             "--config.diffusion.schedule=md4linear", "--config.diffusion.endpoint_terms=md4",
+             "--config.training.loss_units=bits", "--config.optimizer.grad_clip_norm=0",
+             "--config.optimizer.ema_warmup=False")
+
+
+@pytest.mark.slow  # 30 s: trains, evaluates and samples.
+def test_md4_preset_runs_and_records_its_resolved_keys(tmp_path):
+  """--config.model.preset=md4: config.json holds MD4's values; training, evaluation and
+  sampling run the t-conditioned network."""
+  run_cli(tmp_path, *MD4_FLAGS, "--config.num_train_steps=6", "--config.eval.discrete_steps=",
+          "--config.sample.trajectory=False")
+  model = json.loads((tmp_path / "config.json").read_text())["model"]
+  assert (model["preset"], model["time_input"], model["norm"], model["embed_dim"], model["time_dim"]) == (
+      "md4", "t", "layer", 16, 16)
+  assert np.isfinite(json.loads((tmp_path / "eval.json").read_text())["nelbo_bits_per_token"])
+  assert len(read_jsonl(tmp_path / "samples.jsonl")) == 2
+
+
+def test_md4_preset_refuses_a_command_line_override_of_its_keys(tmp_path):
+  result = run_cli(tmp_path, *MD4_FLAGS, "--config.model.norm=rms", check=False)
+  assert result.returncode != 0 and "sets model.norm='layer', but the config sets 'rms'" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1  # One line, no traceback.
+  assert not (tmp_path / "checkpoints").exists()
+
+
 def _tiny_config():
   return config_lib.load_config("tiny")
 
