@@ -8,10 +8,10 @@ last 5% of documents are held out for evaluation. A byte-level BPE of
 data.bpe_vocab_size ids is trained on the training documents and saved as
 DIR/tokenizer.json, which a resumed run reuses. Documents are packed whole into
 rows of data.seq_len tokens and attend only within themselves. For example, on
-the shared news articles:
+a folder of news articles:
 
   python -m md4jax.main --config=configs/localtext.py --workdir=/tmp/md4jax_news \
-      --config.data.path=../shared/data/news_dev.txt
+      --config.data.path=/path/to/news
 """
 
 from md4jax import config_lib

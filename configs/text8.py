@@ -11,16 +11,15 @@ Check that it fits a TPU slice on any CPU machine (pip install -e ".[tpu]"):
 data.path is the text8 corpus (`text8` or `text8.zip`, split 90M/5M/5M) or any text8-format
 file (a-z and single spaces, split 90/5/5 by position). `configs/text8.py:cpu` is a
 CPU-sized variant (0.22M parameters) that trains, evaluates and samples in under
-20 minutes on 2 CPU cores (measured: 16.2 min; 2.74 ± 0.03 bits/char on the held-out 5%
-of the shared dev file after 5,000 steps):
+20 minutes on 2 CPU cores (docs/performance.md):
 
   python -m md4jax.main --config=configs/text8.py:cpu --workdir=/tmp/md4jax_text8_cpu \
-      --config.data.path=../shared/data/wiki_text8_dev.txt
+      --config.data.path=text8.zip
 
-A short smoke run of the paper model on the shared dev file:
+A short smoke run of the paper model:
 
   python -m md4jax.main --config=configs/text8.py --workdir=/tmp/md4jax_text8_smoke \
-      --config.data.path=../shared/data/wiki_text8_dev.txt --config.batch_size=2 \
+      --config.data.path=text8.zip --config.batch_size=2 \
       --config.num_train_steps=3 --config.optimizer.warmup_steps=1 --config.eval.num_sequences=2 \
       --config.eval.batch_size=2 --config.sample.num_samples=1 --config.sample.num_steps=4
 """

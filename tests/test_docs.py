@@ -56,11 +56,7 @@ def test_readme_keeps_the_commands_ci_runs():
 
 
 @pytest.mark.parametrize("where", [
-    "README.md", "docs", "md4jax",
-    pytest.param("configs", marks=pytest.mark.xfail(
-        strict=True, reason="configs/text8.py and configs/localtext.py still give ../shared/data "
-        "files as example paths; drop this mark when they name text8.zip and FILE instead")),
-])
+    "README.md", "docs", "md4jax", "configs"])
 def test_nothing_points_outside_the_repository(where):
   """A user's clone has no ../shared: no file it ships may refer to one."""
   path = ROOT / where

@@ -1,6 +1,6 @@
 """The masked-diffusion NELBO (the forward process itself is in `md4jax.diffusion.masking`).
 
-Pure functions over arrays and a denoiser callable (MATH.md has the formulas):
+Pure functions over arrays and a denoiser callable (docs/math.md has the formulas):
 
   denoise_fn(z_t [B, L] int, alpha_t [B] float) -> logits [B, L, V]
 

@@ -6,7 +6,7 @@ probability 1 − α_{x_ℓ}(t). The posterior of a hidden token then depends on
 so the denoiser is called as denoise_fn(z_t, t) with the time t [B].
 
 The continuous-time bound (MD4, Shi et al. 2024, Sec. 6 "generalization to
-state-dependent masking", their ELBO for GenMD4). In MATH.md's notation, with
+state-dependent masking", their ELBO for GenMD4). In docs/math.md's notation, with
 μ = p_θ(· | z_t, t) and b_v(t) = −α′_v(t) / (1 − α_v(t)) ≥ 0 (= w_v / t), the
 reverse process unmasks a masked position to v at rate b_v μ_v, while given x
 the true reverse rate is b_x into x only. The continuous-time ELBO of a Markov
@@ -14,8 +14,7 @@ jump process charges, per masked position, Σ_v R_θ(v) − R_q + R_q log(R_q / 
 
   L∞ = ∫_0^1 E_{q(z_t | x)} Σ_{ℓ masked} [ b_x(t) (−log μ_x) − b_x(t) + Σ_v b_v(t) μ_v ] dt.
 
-(MATH.md's first line of this formula agrees with it; its expanded second line
-has the signs of the last two terms flipped.) With one shared b the last two
+With one shared b the last two
 terms cancel and it is w(t) · CE. Each bracket is ≥ 0 and is 0 at μ = δ_x.
 
 Truncation and reconstruction, as MD4 does at small t: the integral runs over

@@ -108,7 +108,7 @@ class MarkovLanguage:
     schedule (or none) it ignores its second argument: the posterior given z_t
     does not depend on time. With a state-dependent schedule it is called as
     (z_t, t [B]) and a hidden position's evidence for value k is the
-    probability 1 − α_k(t) that k would have been masked (MATH.md, "Oracle").
+    probability 1 − α_k(t) that k would have been masked (docs/math.md, "The exact oracle").
     """
     state_dependent = schedule is not None and schedule.state_dependent
     if mask_id != self.vocab_size:

@@ -7,7 +7,7 @@ mask-rate schedule, its inverse `time_of(alpha)` (a denoiser conditioned on t
 rather than on α, `md4jax.training.objective.denoiser`).
 
 Endpoints. The continuous-time NELBO depends on a schedule only through its
-endpoints (MATH.md, "Invariance"). Each schedule states `alpha_at_0` and
+endpoints (docs/math.md, "Schedules"). Each schedule states `alpha_at_0` and
 `alpha_at_1` exactly, as Python floats:
   * α(0) < 1 means some tokens are already masked at t = 0, so the bound needs a
     reconstruction term for them;
@@ -19,7 +19,7 @@ with endpoint_terms="md4", MD4's constant reconstruction term and no prior term)
 State-dependent schedules (GenMD4, `TokenPolynomial`): each clean token value v
 has its own α_v(t); their methods return [..., V] for times [...], and their
 `state_dependent` is True. The bound, the sampler and the exact posterior then
-need the time t itself (MATH.md, "State-dependent schedules").
+need the time t itself (docs/math.md, "GenMD4").
 """
 
 import abc

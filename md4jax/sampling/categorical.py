@@ -3,7 +3,7 @@
 Gumbel-max with float32 noise cannot produce a Gumbel value above about 16.6
 (the uniform's resolution near 1 is 2^-24), so tokens more than ~16 nats below
 the best one can never be drawn: sampling silently runs at a lower
-temperature (MATH.md, "Reverse process"). Here the exponential variate
+temperature (docs/math.md, "Float64-accurate Gumbel noise"). Here the exponential variate
 E = −log U behind the Gumbel −log E is built from two 32-bit draws, so E is
 accurate down to 2^-64 even when x64 is off, and the Gumbel reaches ~44.
 """

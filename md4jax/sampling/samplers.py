@@ -1,4 +1,4 @@
-"""Reverse-process samplers for masked diffusion LMs (MATH.md, "Reverse process").
+"""Reverse-process samplers for masked diffusion LMs (docs/math.md, "Reverse process").
 
 Pure, traceable functions over any `denoise_fn(z, alpha) -> logits [B, L, V]`
 with V == mask_id; loops are `lax.fori_loop` / `lax.while_loop`. `sample` called with

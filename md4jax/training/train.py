@@ -106,7 +106,7 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
     # Accumulates (reported NELBO, grads).
     micro_draws = None if draws is None else _microbatches(draws, num_micro)[0]
     (total, grads), _ = jax.lax.scan(accumulate, zeros, (*_microbatches(batch, num_micro), micro_draws))
-  # Per valid token, never per masked token (MATH.md, "Objective").
+  # Per valid token, never per masked token (docs/math.md, "Per-token figures").
   num_tokens = jnp.maximum(batch["editable"].astype(jnp.int32).sum(), 1)
   loss = total / num_tokens
   # The gradient of the loss in training.loss_units: bits are nats / ln 2 (MD4's; only Adam's
