@@ -151,8 +151,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.
   config.sample.num_steps = 64  # Time-grid steps of the mdm sampler (first_hitting and ar take seq_len calls).
-  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence or threshold (md4jax.sampling.samplers).
-  config.sample.threshold = 0.9  # method "threshold": reveal every masked position whose top probability is >= this, in (0, 1].
+  config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence, threshold or remdm (md4jax.sampling.samplers).
+  config.sample.threshold = 0.9  # method "threshold": reveal every masked position whose top probability is >= this, in [0, 1] (0: all in one call).
+  config.sample.remask = "cap"  # method "remdm": σ_t of remasking, "cap" (min(η, σ_max)), "rescale" (η σ_max) or "confidence" (σ_max shared by the least confident tokens; η unused).
+  config.sample.remask_eta = 0.0  # method "remdm": η in [0, 1]; 0 with cap or rescale is ancestral, token for token.
+  config.sample.remask_loop = 0  # method "remdm": ReMDM-loop's extra steps at a fixed α (then only they remask); 0 = none.
+  config.sample.remask_loop_alpha = 0.9  # method "remdm": the loop runs once the grid reaches α >= this, in (0, 1).
+  config.sample.guidance_scale = 0.0  # Classifier-free guidance w >= 0 (needs sample.prompt): (1 + w) cond − w uncond log-probs, uncond with the prompt masked; 0 = off.
   config.sample.temperature = 1.0  # Softmax temperature of every draw; 1 samples the model, 0 is greedy.
   config.sample.top_k = 0  # Keep only the k most likely tokens of every draw; 0 keeps all.
   config.sample.top_p = 1.0  # Nucleus: keep the smallest set of tokens with this much probability; 1 keeps all.
@@ -493,8 +498,20 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _check(config.sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
          f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
          "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.")
-  _check(0 < config.sample.threshold <= 1,
-         f"sample.threshold must be in (0, 1], got {config.sample.threshold}.")
+  _check(0 <= config.sample.threshold <= 1,
+         f"sample.threshold must be in [0, 1], got {config.sample.threshold}.")
+  _check_choice(config.sample.remask, "sample.remask", samplers.REMASKS)
+  _check(0 <= config.sample.remask_eta <= 1,
+         f"sample.remask_eta must be in [0, 1], got {config.sample.remask_eta}.")
+  _check(isinstance(config.sample.remask_loop, int) and config.sample.remask_loop >= 0,
+         f"sample.remask_loop must be an integer >= 0, got {config.sample.remask_loop!r}.")
+  _check(0 < config.sample.remask_loop_alpha < 1,
+         f"sample.remask_loop_alpha must be in (0, 1), got {config.sample.remask_loop_alpha}.")
+  _check(config.sample.guidance_scale >= 0,
+         f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.")
+  _check(config.sample.guidance_scale == 0 or config.sample.prompt,
+         "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
+         "masked.")
   sample = config.sample
   _check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
   _check(isinstance(sample.top_k, int) and sample.top_k >= 0,

@@ -55,6 +55,9 @@ def settings(config: ml_collections.ConfigDict) -> dict:
       "method": "ar" if config.model.type == "ar" else cfg.method,
       "num_steps": cfg.num_steps, "temperature": cfg.temperature,
       "threshold": cfg.threshold if cfg.method == "threshold" else None,
+      **({"remask": cfg.remask, "remask_eta": cfg.remask_eta, "remask_loop": cfg.remask_loop,
+          "remask_loop_alpha": cfg.remask_loop_alpha} if cfg.method == "remdm" else {}),
+      "guidance_scale": cfg.guidance_scale,
       "top_k": cfg.top_k or None, "top_p": cfg.top_p if cfg.top_p < 1.0 else None,
       "length": cfg.length or config.data.seq_len, "prompt": cfg.prompt,
   }
@@ -105,8 +108,11 @@ def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
   # A learned schedule is read from the params (concrete here), like the network.
   schedule = objective.schedule_of(params, config)
   denoiser = lambda p: objective.sampling_denoiser(model, p, config)
+  remask = {k: run[k] for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha")
+            if k in run}
   sample_kwargs = dict(schedule=schedule, mask_id=vocab_size, method=cfg.method,
-                       num_steps=cfg.num_steps, threshold=run["threshold"], **filters)
+                       num_steps=cfg.num_steps, threshold=run["threshold"],
+                       guidance_scale=cfg.guidance_scale, **remask, **filters)
   if length > seq_len:
     start = time.perf_counter()
     tokens, info = blockwise.generate_semi_autoregressive(
