@@ -19,42 +19,63 @@ import math
 import pathlib
 import time
 
-from absl import app
-from absl import flags
 import jax
 import numpy as np
+from absl import app, flags
 
-from md4jax import config_lib
-from md4jax import modes
+from md4jax import config_lib, modes
 from md4jax.diffusion import groundtruth
 from md4jax.sampling import samplers
 from md4jax.training import objective
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A trained configs/default.py run (its EMA params).")
-_OUTPUT = flags.DEFINE_string("output", None, "Markdown file to write (a .png and .json beside it).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "A trained configs/default.py run (its EMA params)."
+)
+_OUTPUT = flags.DEFINE_string(
+  "output", None, "Markdown file to write (a .png and .json beside it)."
+)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 512, "Samples per setting (one batch).")
 _SEED = flags.DEFINE_integer("seed", 1, "Sampling key.")
 
 # (label, sample() keyword arguments): every sampler at a few budgets.
 SETTINGS = (
-    [(f"ancestral T={t}", dict(method="ancestral", num_steps=t)) for t in (16, 64, 256, 1000)]
-    + [(f"jump T={t}", dict(method="jump", num_steps=t)) for t in (16, 64, 1000)]
-    + [("first_hitting", dict(method="first_hitting"))]
-    + [(f"confidence T={t}", dict(method="confidence", num_steps=t)) for t in (16, 64)]
-    + [(f"threshold τ={h}", dict(method="threshold", threshold=h)) for h in (0.1, 0.3, 0.9)]
-    + [(f"remdm cap η={e} T={t}", dict(method="remdm", remask="cap", remask_eta=e, num_steps=t))
-       for e, t in ((0.01, 64), (0.01, 256), (0.05, 256))]
-    + [("remdm rescale η=0.1 T=256", dict(method="remdm", remask="rescale", remask_eta=0.1,
-                                          num_steps=256)),
-       ("remdm confidence T=64", dict(method="remdm", remask="confidence", num_steps=64)),
-       ("remdm loop T=64 +64 at α=0.9", dict(method="remdm", remask="cap", remask_eta=0.02,
-                                             num_steps=64, remask_loop=64, remask_loop_alpha=0.9))])
+  [(f"ancestral T={t}", dict(method="ancestral", num_steps=t)) for t in (16, 64, 256, 1000)]
+  + [(f"jump T={t}", dict(method="jump", num_steps=t)) for t in (16, 64, 1000)]
+  + [("first_hitting", dict(method="first_hitting"))]
+  + [(f"confidence T={t}", dict(method="confidence", num_steps=t)) for t in (16, 64)]
+  + [(f"threshold τ={h}", dict(method="threshold", threshold=h)) for h in (0.1, 0.3, 0.9)]
+  + [
+    (f"remdm cap η={e} T={t}", dict(method="remdm", remask="cap", remask_eta=e, num_steps=t))
+    for e, t in ((0.01, 64), (0.01, 256), (0.05, 256))
+  ]
+  + [
+    (
+      "remdm rescale η=0.1 T=256",
+      dict(method="remdm", remask="rescale", remask_eta=0.1, num_steps=256),
+    ),
+    ("remdm confidence T=64", dict(method="remdm", remask="confidence", num_steps=64)),
+    (
+      "remdm loop T=64 +64 at α=0.9",
+      dict(
+        method="remdm",
+        remask="cap",
+        remask_eta=0.02,
+        num_steps=64,
+        remask_loop=64,
+        remask_loop_alpha=0.9,
+      ),
+    ),
+  ]
+)
 
 
 def _score(language, denoise_fn, schedule, config, kwargs):
   length, vocab_size, n = config.data.seq_len, config.data.vocab_size, _NUM_SAMPLES.value
-  run = jax.jit(lambda key: samplers.sample(key, denoise_fn, batch_size=n, length=length,
-                                            schedule=schedule, mask_id=vocab_size, **kwargs))
+  run = jax.jit(
+    lambda key: samplers.sample(
+      key, denoise_fn, batch_size=n, length=length, schedule=schedule, mask_id=vocab_size, **kwargs
+    )
+  )
   jax.block_until_ready(run(jax.random.PRNGKey(0)))
   start = time.perf_counter()
   tokens, info = jax.block_until_ready(run(jax.random.PRNGKey(_SEED.value)))
@@ -62,42 +83,56 @@ def _score(language, denoise_fn, schedule, config, kwargs):
   samplers.check_logits(info, kwargs["method"])
   entropy = language.entropy(length) / (length * math.log(2.0))
   bits = -np.asarray(language.log_prob(np.asarray(tokens)), np.float64) / (length * math.log(2.0))
-  return {"nfe": int(info["nfe"]), "seconds_per_sample": seconds / n,
-          "excess": float(bits.mean() - entropy), "stderr": float(bits.std(ddof=1) / math.sqrt(n))}
+  return {
+    "nfe": int(info["nfe"]),
+    "seconds_per_sample": seconds / n,
+    "excess": float(bits.mean() - entropy),
+    "stderr": float(bits.std(ddof=1) / math.sqrt(n)),
+  }
 
 
 def _markdown(rows, config, true_bits) -> str:
   lines = [
-      "# Sampler leaderboard: exact-law excess on the generated language",
-      "",
-      f"configs/default.py's language: {config.data.vocab_size} tokens, length "
-      f"{config.data.seq_len}, true entropy {true_bits:.4f} bits/token; {_NUM_SAMPLES.value} "
-      "samples per setting. Excess = mean −log2 p(sample) per token − the true entropy, ± SE "
-      "(0 for an exact sampler with the oracle). NFE: network calls for the batch; s/sample on "
-      "the machine that wrote this file, after one compile run. Regenerate with the commands in "
-      "`benchmarks/leaderboard.py`.",
-      "",
-      "| sampler | NFE (oracle) | excess, oracle | NFE (trained) | excess, trained | s/sample, trained |",
-      "| --- | --- | --- | --- | --- | --- |"]
+    "# Sampler leaderboard: exact-law excess on the generated language",
+    "",
+    f"configs/default.py's language: {config.data.vocab_size} tokens, length "
+    f"{config.data.seq_len}, true entropy {true_bits:.4f} bits/token; {_NUM_SAMPLES.value} "
+    "samples per setting. Excess = mean −log2 p(sample) per token − the true entropy, ± SE "
+    "(0 for an exact sampler with the oracle). NFE: network calls for the batch; s/sample on "
+    "the machine that wrote this file, after one compile run. Regenerate with the commands in "
+    "`benchmarks/leaderboard.py`.",
+    "",
+    "| sampler | NFE (oracle) | excess, oracle | NFE (trained) | excess, trained | s/sample, trained |",
+    "| --- | --- | --- | --- | --- | --- |",
+  ]
   for row in rows:
     oracle, trained = row["oracle"], row["trained"]
-    lines.append(f"| {row['label']} | {oracle['nfe']} | {oracle['excess']:+.4f} ± "
-                 f"{oracle['stderr']:.4f} | {trained['nfe']} | {trained['excess']:+.4f} ± "
-                 f"{trained['stderr']:.4f} | {trained['seconds_per_sample'] * 1e3:.2f} ms |")
+    lines.append(
+      f"| {row['label']} | {oracle['nfe']} | {oracle['excess']:+.4f} ± "
+      f"{oracle['stderr']:.4f} | {trained['nfe']} | {trained['excess']:+.4f} ± "
+      f"{trained['stderr']:.4f} | {trained['seconds_per_sample'] * 1e3:.2f} ms |"
+    )
   return "\n".join(lines) + "\n"
 
 
 def _plot(rows, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
   for axis, which in zip(axes, ("oracle", "trained")):
     for row in rows:
       point = row[which]
       axis.errorbar(point["nfe"], point["excess"], yerr=point["stderr"], fmt="o", capsize=2)
-      axis.annotate(row["label"], (point["nfe"], point["excess"]), fontsize=6,
-                    xytext=(3, 3), textcoords="offset points")
+      axis.annotate(
+        row["label"],
+        (point["nfe"], point["excess"]),
+        fontsize=6,
+        xytext=(3, 3),
+        textcoords="offset points",
+      )
     axis.set_xscale("log")
     axis.axhline(0.0, color="gray", lw=0.5)
     axis.set_xlabel("network calls (batch)")
@@ -110,8 +145,9 @@ def _plot(rows, path):
 def main(argv):
   del argv
   config = config_lib.load_config("default")
-  language = groundtruth.MarkovLanguage(config.data.vocab_size, seed=config.data.language_seed,
-                                        concentration=config.data.concentration)
+  language = groundtruth.MarkovLanguage(
+    config.data.vocab_size, seed=config.data.language_seed, concentration=config.data.concentration
+  )
   run = modes.Run(config, _WORKDIR.value)
   if run.restored_step is None:
     raise SystemExit(f"No checkpoint in {_WORKDIR.value}: train configs/default.py there first.")
@@ -121,17 +157,30 @@ def main(argv):
   schedule = objective.schedule_of(params, config)
   rows = []
   for label, kwargs in SETTINGS:
-    rows.append({"label": label, **kwargs,
-                 "oracle": _score(language, oracle, schedule, config, kwargs),
-                 "trained": _score(language, trained, schedule, config, kwargs)})
+    rows.append(
+      {
+        "label": label,
+        **kwargs,
+        "oracle": _score(language, oracle, schedule, config, kwargs),
+        "trained": _score(language, trained, schedule, config, kwargs),
+      }
+    )
     print(json.dumps(rows[-1]), flush=True)
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     output = pathlib.Path(_OUTPUT.value)
     output.write_text(_markdown(rows, config, true_bits))
-    output.with_suffix(".json").write_text(json.dumps(
-        {"trained_step": run.restored_step, "num_samples": _NUM_SAMPLES.value,
-         "true_bits_per_token": true_bits, "rows": rows}, indent=1))
+    output.with_suffix(".json").write_text(
+      json.dumps(
+        {
+          "trained_step": run.restored_step,
+          "num_samples": _NUM_SAMPLES.value,
+          "true_bits_per_token": true_bits,
+          "rows": rows,
+        },
+        indent=1,
+      )
+    )
     _plot(rows, output.with_suffix(".png"))
 
 

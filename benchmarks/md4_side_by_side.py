@@ -30,11 +30,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
 from md4jax import config_lib
 from md4jax.data import sources
@@ -47,7 +46,9 @@ from md4jax.training import train
 _MD4_SRC = flags.DEFINE_string("md4_src", None, "A checkout of google-deepmind/md4 (run md4).")
 _DATA = flags.DEFINE_string("data", None, "text8, text8.zip or a text8-format file.")
 _STEPS = flags.DEFINE_integer("steps", 300, "Training steps of every run.")
-_RUNS = flags.DEFINE_list("runs", ["md4", "preset", "defaults"], "Runs, in order (module docstring).")
+_RUNS = flags.DEFINE_list(
+  "runs", ["md4", "preset", "defaults"], "Runs, in order (module docstring)."
+)
 _EVAL_DRAWS = flags.DEFINE_integer("eval_draws", 4, "NELBO draws per held-out window.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the init (md4jax runs) and of MD4's train state.")
 
@@ -56,18 +57,18 @@ LEARNING_RATE, WARMUP_STEPS = 1e-3, 200
 
 # The preset with one choice moved to md4jax's default: (model keys, other keys).
 ABLATIONS = {
-    "init": ({"weight_init": "normal"}, {}),
-    "norm": ({"norm": "rms", "norm_eps": 1e-6}, {}),
-    "gate": ({"mlp": "swiglu"}, {}),
-    "embedding": ({"embed_dim": 0}, {}),
-    "time": ({"time_conditioning": "none"}, {}),
-    "time_input": ({"time_input": "alpha", "time_features": "dit"}, {}),
-    "output": ({"output_init": "normal"}, {}),
-    "biases": ({"biases": False}, {}),
-    "clip": ({}, {"optimizer.grad_clip_norm": 1.0}),
-    "b2": ({}, {"optimizer.b2": 0.99}),
-    "loss_units": ({}, {"training.loss_units": "nats"}),
-    "schedule": ({}, {"diffusion.schedule": "linear", "diffusion.endpoint_terms": "sampled"}),
+  "init": ({"weight_init": "normal"}, {}),
+  "norm": ({"norm": "rms", "norm_eps": 1e-6}, {}),
+  "gate": ({"mlp": "swiglu"}, {}),
+  "embedding": ({"embed_dim": 0}, {}),
+  "time": ({"time_conditioning": "none"}, {}),
+  "time_input": ({"time_input": "alpha", "time_features": "dit"}, {}),
+  "output": ({"output_init": "normal"}, {}),
+  "biases": ({"biases": False}, {}),
+  "clip": ({}, {"optimizer.grad_clip_norm": 1.0}),
+  "b2": ({}, {"optimizer.b2": 0.99}),
+  "loss_units": ({}, {"training.loss_units": "nats"}),
+  "schedule": ({}, {"diffusion.schedule": "linear", "diffusion.endpoint_terms": "sampled"}),
 }
 
 
@@ -123,15 +124,20 @@ def run_config(name: str, data_path: str):
 def score(config, model, params, source, mesh) -> dict:
   eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
   result = evaluate.evaluate(config, eval_fn, params, source, mesh)
-  return {"bits": result["nelbo_bits_per_token"], "stderr": result["nelbo_bits_per_token_stderr"],
-          "windows": result["num_sequences"]}
+  return {
+    "bits": result["nelbo_bits_per_token"],
+    "stderr": result["nelbo_bits_per_token_stderr"],
+    "windows": result["num_sequences"],
+  }
 
 
 def train_md4jax(config, batches, source, mesh, with_ema: bool) -> dict:
   config_lib.validate_config(config, mesh.devices.size, "cpu")
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
-  step = jax.jit(functools.partial(train.train_step, model=model, optimizer=optimizer, config=config))
+  step = jax.jit(
+    functools.partial(train.train_step, model=model, optimizer=optimizer, config=config)
+  )
   start, losses = time.perf_counter(), []
   for batch in batches:
     state, metrics = step(state, batch)
@@ -146,39 +152,62 @@ def train_md4jax(config, batches, source, mesh, with_ema: bool) -> dict:
 def train_md4(data_path, batches, source, mesh) -> dict:
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "golden"))
   import make_md4_golden  # pylint: disable=g-import-not-at-top
+
   make_md4_golden.install_stubs()
   sys.path.insert(0, str(pathlib.Path(_MD4_SRC.value).resolve()))
   import flax.jax_utils  # pylint: disable=g-import-not-at-top
   from md4 import train as md4_train  # pylint: disable=g-import-not-at-top
   from md4.configs.md4 import text8  # pylint: disable=g-import-not-at-top
+
   md4_config = text8.get_config()
   md4_config.n_layers, md4_config.num_heads = NUM_LAYERS, NUM_HEADS
   md4_config.feature_dim = MODEL_DIM // NUM_HEADS
   md4_config.data_shape, md4_config.batch_size = (SEQ_LEN,), BATCH_SIZE
   md4_config.learning_rate, md4_config.warmup_steps = LEARNING_RATE, warmup_steps()
   md4_config.num_train_steps = _STEPS.value
-  lr_fn = functools.partial(md4_train.get_learning_rate, base_learning_rate=LEARNING_RATE,
-                            num_steps=_STEPS.value, warmup_steps=warmup_steps(),
-                            schedule_type=md4_config.learning_rate_schedule)
+  lr_fn = functools.partial(
+    md4_train.get_learning_rate,
+    base_learning_rate=LEARNING_RATE,
+    num_steps=_STEPS.value,
+    warmup_steps=warmup_steps(),
+    schedule_type=md4_config.learning_rate_schedule,
+  )
   model, optimizer, state, metrics_class = md4_train.create_train_state(
-      md4_config, jax.random.PRNGKey(_SEED.value), input_shape=(BATCH_SIZE, SEQ_LEN),
-      schedule_fn=lr_fn)
-  step = jax.pmap(functools.partial(
-      md4_train.train_step, model=model, optimizer=optimizer, train_metrics_class=metrics_class,
-      learning_rate_fn=lr_fn, ema_rate=md4_config.ema_rate), axis_name="batch")
+    md4_config,
+    jax.random.PRNGKey(_SEED.value),
+    input_shape=(BATCH_SIZE, SEQ_LEN),
+    schedule_fn=lr_fn,
+  )
+  step = jax.pmap(
+    functools.partial(
+      md4_train.train_step,
+      model=model,
+      optimizer=optimizer,
+      train_metrics_class=metrics_class,
+      learning_rate_fn=lr_fn,
+      ema_rate=md4_config.ema_rate,
+    ),
+    axis_name="batch",
+  )
   replicated = flax.jax_utils.replicate(state, devices=jax.local_devices()[:1])
   start, losses = time.perf_counter(), []
   for batch in batches:
-    replicated, metrics = step(train_state=replicated, batch={"text": jnp.asarray(batch["tokens"])[None]})
+    replicated, metrics = step(
+      train_state=replicated, batch={"text": jnp.asarray(batch["tokens"])[None]}
+    )
     losses.append(float(flax.jax_utils.unreplicate(metrics)["loss"]))
   seconds = time.perf_counter() - start
   final = flax.jax_utils.unreplicate(replicated)
   config = run_config("preset", data_path)
   model_lib = state_lib.build_model(config)
-  as_md4jax = lambda p: jax.tree.map(jnp.asarray, md4_params.from_md4(
-      {"classifier": p["classifier"]}, NUM_HEADS))
-  return {"raw": score(config, model_lib, as_md4jax(final.params), source, mesh),
-          "train_bits_last50": float(np.mean(losses[-50:])), "train_seconds": seconds}
+  as_md4jax = lambda p: jax.tree.map(
+    jnp.asarray, md4_params.from_md4({"classifier": p["classifier"]}, NUM_HEADS)
+  )
+  return {
+    "raw": score(config, model_lib, as_md4jax(final.params), source, mesh),
+    "train_bits_last50": float(np.mean(losses[-50:])),
+    "train_seconds": seconds,
+  }
 
 
 def main(argv):
@@ -194,8 +223,9 @@ def main(argv):
     if name == "md4":
       result = train_md4(data_path, batches, source, mesh)
     else:
-      result = train_md4jax(run_config(name, data_path), batches, source, mesh,
-                            with_ema=name == "defaults")
+      result = train_md4jax(
+        run_config(name, data_path), batches, source, mesh, with_ema=name == "defaults"
+      )
     print(json.dumps({"run": name, "steps": _STEPS.value, **result}), flush=True)
 
 

@@ -42,30 +42,27 @@ import tempfile
 import time
 from unittest import mock
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import app, flags
 
 from md4jax import config_lib
 from md4jax.data import sources
 from md4jax.model import transformer as model_lib
-from md4jax.runtime import allocator
-from md4jax.runtime import sharding
-from md4jax.training import objective
+from md4jax.runtime import allocator, sharding
+from md4jax.training import objective, train
 from md4jax.training import state as state_lib
-from md4jax.training import train
 
 # name: (config, batch, seq_len, layers, width, heads, mlp); None keeps the config's value.
 SIZES = {
-    "tiny": ("tiny", None, None, None, None, None, None),
-    "default": ("default", None, None, None, None, None, None),
-    "text8": ("text8", 2, None, None, None, None, None),
-    "4x256": ("text8", 16, 128, 4, 256, 4, 704),
-    "6x384": ("text8", 16, 256, 6, 384, 6, 1024),
-    "12x768": ("text8", 16, 256, 12, 768, 12, 2048),
+  "tiny": ("tiny", None, None, None, None, None, None),
+  "default": ("default", None, None, None, None, None, None),
+  "text8": ("text8", 2, None, None, None, None, None),
+  "4x256": ("text8", 16, 128, 4, 256, 4, 704),
+  "6x384": ("text8", 16, 256, 6, 384, 6, 1024),
+  "12x768": ("text8", 16, 256, 12, 768, 12, 2048),
 }
 
 _SIZE = flags.DEFINE_enum("size", "default", list(SIZES), "Model size.")
@@ -73,28 +70,43 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Global batch; default: t
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per round, after compile and warm-up.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timing rounds; the best is reported.")
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 10, "Untimed steps after the compile step.")
-_PROFILE = flags.DEFINE_bool("profile", False, "Also time the parts of the step (see the docstring).")
-_TRACE = flags.DEFINE_bool("trace", False, "Also sum the step's traced XLA ops by kind (see the docstring).")
+_PROFILE = flags.DEFINE_bool(
+  "profile", False, "Also time the parts of the step (see the docstring)."
+)
+_TRACE = flags.DEFINE_bool(
+  "trace", False, "Also sum the step's traced XLA ops by kind (see the docstring)."
+)
 _REUSE_MEMORY = flags.DEFINE_bool(
-    "reuse_freed_host_memory", None,
-    "glibc keeps freed memory instead of faulting in fresh pages (md4jax.runtime.allocator); "
-    "default: the config's reuse_freed_host_memory, as md4jax.main does.")
+  "reuse_freed_host_memory",
+  None,
+  "glibc keeps freed memory instead of faulting in fresh pages (md4jax.runtime.allocator); "
+  "default: the config's reuse_freed_host_memory, as md4jax.main does.",
+)
 _CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", None,
-    "CPU: JAX devices the host is split into, the batch data parallel over them (0 = one); "
-    "default: the config's cpu_devices, as md4jax.main does.")
+  "cpu_devices",
+  None,
+  "CPU: JAX devices the host is split into, the batch data parallel over them (0 = one); "
+  "default: the config's cpu_devices, as md4jax.main does.",
+)
 
-_FLOP_FORMULA = ("3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
-                 "+ 4 N L D (md4jax.model.transformer.flops_per_token; backward = 2x forward)")
+_FLOP_FORMULA = (
+  "3 * flops_per_token * tokens, flops_per_token = 2 * (N (4 D^2 + 3 D F) + D V) "
+  "+ 4 N L D (md4jax.model.transformer.flops_per_token; backward = 2x forward)"
+)
 
 
 def benchmark_config(size: str, batch_size=None):
   """The config of a named size, on CPU-friendly float32 without scan or remat."""
   name, batch, seq_len, layers, width, heads, mlp = SIZES[size]
   config = config_lib.load_config(name)
-  for key, value in (("batch_size", batch_size or batch), ("data.seq_len", seq_len),
-                     ("model.num_layers", layers), ("model.model_dim", width),
-                     ("model.num_heads", heads), ("model.mlp_dim", mlp)):
+  for key, value in (
+    ("batch_size", batch_size or batch),
+    ("data.seq_len", seq_len),
+    ("model.num_layers", layers),
+    ("model.model_dim", width),
+    ("model.num_heads", heads),
+    ("model.mlp_dim", mlp),
+  ):
     if value is not None:
       section, _, field = key.rpartition(".")
       (config[section] if section else config)[field] = value
@@ -121,13 +133,21 @@ def _parts(config, model, optimizer, mesh, state, batch):
   # The same rows with segment ids and positions (as a packed batch carries them): the model
   # builds the attention mask.
   shape = batch["tokens"].shape
-  packed = dict(batch, **sharding.device_batch({
-      "segment_ids": np.ones(shape, np.int32),
-      "positions": np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()}, mesh))
+  packed = dict(
+    batch,
+    **sharding.device_batch(
+      {
+        "segment_ids": np.ones(shape, np.int32),
+        "positions": np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy(),
+      },
+      mesh,
+    ),
+  )
 
   def loss_grads(params, batch):
-    total = lambda p: objective.training_loss(p, batch, key, model=model, config=config,
-                                              row_index=rows, num_rows=config.batch_size)[0].sum()
+    total = lambda p: objective.training_loss(
+      p, batch, key, model=model, config=config, row_index=rows, num_rows=config.batch_size
+    )[0].sum()
     return jax.value_and_grad(total)(params)
 
   def forward(params, tokens):
@@ -151,16 +171,17 @@ def _parts(config, model, optimizer, mesh, state, batch):
 
   grads = jax.tree.map(jnp.zeros_like, state.params)
   jax_attention = lambda q, k, v, mask, causal: jax.nn.dot_product_attention(
-      q, k, v, mask=mask, is_causal=causal)
+    q, k, v, mask=mask, is_causal=causal
+  )
   no_rope = lambda x, cos, sin: x
   return {
-      "step": compiled(step, state, batch),
-      "forward": compiled(forward, state.params, batch["tokens"]),
-      "loss_forward_backward": compiled(loss_grads, state.params, batch),
-      "optimizer_and_ema": compiled(optimizer_ema, state, grads),
-      "step_jax_nn_attention": compiled(step, state, batch, softmax_attention=jax_attention),
-      "step_segment_mask": compiled(step, state, packed),
-      "step_without_rope": compiled(step, state, batch, rotate=no_rope),
+    "step": compiled(step, state, batch),
+    "forward": compiled(forward, state.params, batch["tokens"]),
+    "loss_forward_backward": compiled(loss_grads, state.params, batch),
+    "optimizer_and_ema": compiled(optimizer_ema, state, grads),
+    "step_jax_nn_attention": compiled(step, state, batch, softmax_attention=jax_attention),
+    "step_segment_mask": compiled(step, state, packed),
+    "step_without_rope": compiled(step, state, batch, rotate=no_rope),
   }
 
 
@@ -215,7 +236,8 @@ def traced_op_seconds(compiled, state, batch, steps: int) -> dict[str, float]:
     jax.block_until_ready(metrics)
     jax.profiler.stop_trace()
     profile = jax.profiler.ProfileData.from_file(
-        glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+      glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0]
+    )
   seconds = collections.Counter()
   for plane in profile.planes:
     for line in plane.lines:
@@ -247,14 +269,22 @@ def main(argv):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
   shape = (config.batch_size, config.data.seq_len)
-  batches = [sharding.device_batch(sources.dense_batch(np.random.default_rng(i).integers(
-      0, config.data.vocab_size, shape, dtype=np.int32)), mesh) for i in range(2)]
+  batches = [
+    sharding.device_batch(
+      sources.dense_batch(
+        np.random.default_rng(i).integers(0, config.data.vocab_size, shape, dtype=np.int32)
+      ),
+      mesh,
+    )
+    for i in range(2)
+  ]
   parts = {}
   if _PROFILE.value:  # On a copy: the train step donates (deletes) the state it is given.
     parts = _parts(config, model, optimizer, mesh, jax.tree.map(jnp.copy, state), batches[0])
   start = time.perf_counter()  # One compilation serves the timing and the trace.
-  step_fn = train.make_train_step(config, model, optimizer, mesh, state).lower(
-      state, batches[0]).compile()
+  step_fn = (
+    train.make_train_step(config, model, optimizer, mesh, state).lower(state, batches[0]).compile()
+  )
   state, metrics = step_fn(state, batches[0])
   jax.block_until_ready(metrics)
   compile_seconds = time.perf_counter() - start
@@ -285,34 +315,43 @@ def main(argv):
 
   m = config.model
   tokens = config.batch_size * config.data.seq_len
-  flops = 3 * model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, config.data.seq_len,
-                                        config.data.vocab_size) * tokens
+  flops = (
+    3
+    * model_lib.flops_per_token(
+      m.num_layers, m.model_dim, m.mlp_dim, config.data.seq_len, config.data.vocab_size
+    )
+    * tokens
+  )
   achieved, peak = flops / seconds / 1e9, matmul_flops / min(matmul_seconds) / 1e9
   result = {
-      "size": _SIZE.value,
-      "model_type": m.type,
-      "params": model_lib.count_params(state.params),
-      "num_layers": m.num_layers, "model_dim": m.model_dim, "num_heads": m.num_heads,
-      "mlp_dim": m.mlp_dim, "vocab_size": config.data.vocab_size,
-      "batch_size": config.batch_size,
-      "seq_len": config.data.seq_len,
-      "reuse_freed_host_memory": reused_memory,
-      "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
-      "compile_seconds": round(compile_seconds, 2),
-      "warmup_steps": _WARMUP_STEPS.value,
-      "timed_steps": _STEPS.value * _ROUNDS.value,
-      "seconds_per_step": seconds,
-      "seconds_per_step_rounds": step_seconds,
-      "tokens_per_second": tokens / seconds,
-      "achieved_gflops_per_second": achieved,
-      "flop_formula": _FLOP_FORMULA,
-      "matmul_f32_2048_gflops_per_second": peak,
-      "achieved_over_matmul": achieved / peak,
+    "size": _SIZE.value,
+    "model_type": m.type,
+    "params": model_lib.count_params(state.params),
+    "num_layers": m.num_layers,
+    "model_dim": m.model_dim,
+    "num_heads": m.num_heads,
+    "mlp_dim": m.mlp_dim,
+    "vocab_size": config.data.vocab_size,
+    "batch_size": config.batch_size,
+    "seq_len": config.data.seq_len,
+    "reuse_freed_host_memory": reused_memory,
+    "devices": f"{mesh.devices.size} x {jax.devices()[0].device_kind}",
+    "compile_seconds": round(compile_seconds, 2),
+    "warmup_steps": _WARMUP_STEPS.value,
+    "timed_steps": _STEPS.value * _ROUNDS.value,
+    "seconds_per_step": seconds,
+    "seconds_per_step_rounds": step_seconds,
+    "tokens_per_second": tokens / seconds,
+    "achieved_gflops_per_second": achieved,
+    "flop_formula": _FLOP_FORMULA,
+    "matmul_f32_2048_gflops_per_second": peak,
+    "achieved_over_matmul": achieved / peak,
   }
   if parts:
     result["profile_seconds"] = {name: min(times) for name, times in part_seconds.items()}
-    result["profile_share_of_step"] = {name: min(times) / seconds
-                                       for name, times in part_seconds.items()}
+    result["profile_share_of_step"] = {
+      name: min(times) / seconds for name, times in part_seconds.items()
+    }
   if traced:
     result["traced_op_seconds_per_step"] = traced
     total = sum(traced.values())

@@ -44,7 +44,7 @@ schedules, not to, from or between learned ones, whose θ is in the checkpoint
 
 
 def _dotted_target(node):
-  """"a.b" for an assignment target `config.a.b`, else None."""
+  """ "a.b" for an assignment target `config.a.b`, else None."""
   parts = []
   while isinstance(node, ast.Attribute):
     parts.append(node.attr)
@@ -63,8 +63,13 @@ def _comments(source: str) -> tuple[dict, dict]:
       line = token.start[0]
       text = token.string[1:].strip()
       (trailing if line in code_lines else full_line)[line] = text
-    elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                            tokenize.ENDMARKER):
+    elif token.type not in (
+      tokenize.NL,
+      tokenize.NEWLINE,
+      tokenize.INDENT,
+      tokenize.DEDENT,
+      tokenize.ENDMARKER,
+    ):
       for line in range(token.start[0], token.end[0] + 1):
         code_lines.add(line)
   return trailing, full_line
@@ -95,8 +100,9 @@ def parse_base_config(function) -> tuple[dict, dict, dict]:
     order.setdefault(key, node.lineno)
     # The comment on the statement's last line (a long value may wrap), else on its first.
     comment = trailing.get(node.end_lineno) or trailing.get(node.lineno) or ""
-    is_section = (isinstance(node.value, ast.Call)
-                  and getattr(node.value.func, "attr", "") == "ConfigDict")
+    is_section = (
+      isinstance(node.value, ast.Call) and getattr(node.value.func, "attr", "") == "ConfigDict"
+    )
     if is_section:
       sections[key] = _comment_block_above(node.lineno, full_line)
     else:
@@ -156,7 +162,9 @@ def render() -> str:
     lines += ["| key | default | resume | meaning |", "| --- | --- | --- | --- |"]
     for key, value in rows:
       fixed = "fixed" if key in fixed_keys else ""
-      lines.append(f"| `{key}` | {_cell(_default(value))} | {fixed} | {_cell(comments.get(key, ''))} |")
+      lines.append(
+        f"| `{key}` | {_cell(_default(value))} | {fixed} | {_cell(comments.get(key, ''))} |"
+      )
     lines.append("")
   return "\n".join(lines)
 
@@ -171,7 +179,9 @@ def main(argv=None):
     OUTPUT.write_text(text, encoding="utf-8")
   elif args.check:
     if not OUTPUT.is_file() or OUTPUT.read_text(encoding="utf-8") != text:
-      print(f"{OUTPUT} is stale: run python docs/generate_configuration.py --write", file=sys.stderr)
+      print(
+        f"{OUTPUT} is stale: run python docs/generate_configuration.py --write", file=sys.stderr
+      )
       return 1
   else:
     sys.stdout.write(text)

@@ -33,14 +33,20 @@ LOG_DIR = "~/md4jax_logs"  # On every worker: <run-name>.log, latest.log -> it, 
 REMOTE_TARBALL = "md4jax-src.tar.gz"  # --copy lands here, in the workers' home.
 
 # The runtime (software version) Cloud TPU recommends for JAX, per TPU generation.
-RUNTIMES = (("v6e", "v2-alpha-tpuv6e"), ("v5litepod", "v2-alpha-tpuv5-lite"),
-            ("v5e", "v2-alpha-tpuv5-lite"), ("v5p", "v2-alpha-tpuv5"))
+RUNTIMES = (
+  ("v6e", "v2-alpha-tpuv6e"),
+  ("v5litepod", "v2-alpha-tpuv5-lite"),
+  ("v5e", "v2-alpha-tpuv5-lite"),
+  ("v5p", "v2-alpha-tpuv5"),
+)
 OLDER_RUNTIME = "tpu-ubuntu2204-base"  # v4 and older.
 
 # A Python for the venv: jax needs >= 3.11, the Ubuntu 22.04 runtimes ship 3.10.
 # (No single quotes in remote scripts: shlex.quote then keeps --command readable.)
-PICK_PYTHON = ('PY=python3.11 && { [ "$(python3 -c "import sys; print(sys.version_info >= (3, 11))")"'
-               ' != True ] || PY=python3; }')
+PICK_PYTHON = (
+  'PY=python3.11 && { [ "$(python3 -c "import sys; print(sys.version_info >= (3, 11))")"'
+  " != True ] || PY=python3; }"
+)
 RUNNING = 'ps -o args= -p "$(cat {pid} 2>/dev/null)" 2>/dev/null | grep -q md4jax.main'
 
 
@@ -64,7 +70,9 @@ def remote_path(path: str) -> str:
 def _git(*args):
   """stdout of a git command in this checkout, or None."""
   try:
-    out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+      ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    )
   except (OSError, subprocess.CalledProcessError):
     return None
   return out.stdout.strip() or None
@@ -96,11 +104,29 @@ def create(args):
   spot = ["--spot"] if args.spot else []
   if args.queued:
     # The queued resource and its node share the name, so ssh/scp use --name as is.
-    return [_gcloud(args, "queued-resources", "create", args.name, f"--node-id={args.name}",
-                    f"--accelerator-type={args.accelerator_type}",
-                    f"--runtime-version={runtime}", *spot)]
-  return [_gcloud(args, "tpu-vm", "create", args.name, f"--accelerator-type={args.accelerator_type}",
-                  f"--version={runtime}", *spot)]
+    return [
+      _gcloud(
+        args,
+        "queued-resources",
+        "create",
+        args.name,
+        f"--node-id={args.name}",
+        f"--accelerator-type={args.accelerator_type}",
+        f"--runtime-version={runtime}",
+        *spot,
+      )
+    ]
+  return [
+    _gcloud(
+      args,
+      "tpu-vm",
+      "create",
+      args.name,
+      f"--accelerator-type={args.accelerator_type}",
+      f"--version={runtime}",
+      *spot,
+    )
+  ]
 
 
 def status(args):
@@ -133,35 +159,48 @@ def setup(args):
     tarball = os.path.join(tempfile.gettempdir(), f"md4jax-src-{args.name}.tar.gz")
     if not args.dry_run:
       print(f"tpu.py: packed {pack_working_tree(tarball)} files into {tarball}", file=sys.stderr)
-    commands.append(_gcloud(args, "tpu-vm", "scp", tarball, f"{args.name}:{REMOTE_TARBALL}",
-                            "--worker=all"))
+    commands.append(
+      _gcloud(args, "tpu-vm", "scp", tarball, f"{args.name}:{REMOTE_TARBALL}", "--worker=all")
+    )
     steps = [f"mkdir -p {d}", f"tar -xzf ~/{REMOTE_TARBALL} -C {d}", f"cd {d}"]
   else:
     repo = args.repo or _git("remote", "get-url", "origin")
     if not repo:
       args.parser.error(f"setup needs --repo URL ({ROOT} has no 'origin' remote), or --copy.")
     ref = args.ref or _git("rev-parse", "HEAD") or "main"
-    if not args.ref and _git("rev-parse", "HEAD") and not _git("branch", "-r", "--contains", "HEAD"):
-      print(f"tpu.py: warning: HEAD ({ref[:12]}) is on no remote branch, so the workers cannot "
-            "fetch it; push it, pass --ref, or use --copy.", file=sys.stderr)
+    if (
+      not args.ref and _git("rev-parse", "HEAD") and not _git("branch", "-r", "--contains", "HEAD")
+    ):
+      print(
+        f"tpu.py: warning: HEAD ({ref[:12]}) is on no remote branch, so the workers cannot "
+        "fetch it; push it, pass --ref, or use --copy.",
+        file=sys.stderr,
+      )
     ref = shlex.quote(ref)
-    steps = [f"{{ [ -d {d}/.git ] || git clone -q {shlex.quote(repo)} {d}; }}", f"cd {d}",
-             "git fetch -q --tags origin",
-             # A branch name checks out origin's tip; a tag or commit checks out itself.
-             f"{{ git checkout -q --detach origin/{ref} 2>/dev/null || git checkout -q --detach {ref}; }}"]
+    steps = [
+      f"{{ [ -d {d}/.git ] || git clone -q {shlex.quote(repo)} {d}; }}",
+      f"cd {d}",
+      "git fetch -q --tags origin",
+      # A branch name checks out origin's tip; a tag or commit checks out itself.
+      f"{{ git checkout -q --detach origin/{ref} 2>/dev/null || git checkout -q --detach {ref}; }}",
+    ]
   auto = args.python == "auto"
-  py, py_venv = (('"$PY"', '"$PY-venv"') if auto else
-                 (shlex.quote(args.python), shlex.quote(args.python + "-venv")))
+  py, py_venv = (
+    ('"$PY"', '"$PY-venv"')
+    if auto
+    else (shlex.quote(args.python), shlex.quote(args.python + "-venv"))
+  )
   steps += ([PICK_PYTHON] if auto else []) + [
-      # Ubuntu's Python has no venv module until pythonX-venv is installed: install it only then.
-      f"{{ [ -x .venv/bin/python ] || {py} -m venv .venv || {{ sudo apt-get -qq update && "
-      # A fresh VM's unattended upgrades can hold the dpkg lock for minutes: wait for it.
-      f"sudo DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 install -y "
-      f"{py} {py_venv} && "
-      f"rm -rf .venv && {py} -m venv .venv; }}; }}",
-      ". .venv/bin/activate", "pip install -q -U pip",
-      " ".join(["pip install -q -e . \"jax[tpu]\"", *map(shlex.quote, args.pip)]),
-      'echo "$(hostname): jax $(python -c "import jax; print(jax.__version__)") in $PWD"',
+    # Ubuntu's Python has no venv module until pythonX-venv is installed: install it only then.
+    f"{{ [ -x .venv/bin/python ] || {py} -m venv .venv || {{ sudo apt-get -qq update && "
+    # A fresh VM's unattended upgrades can hold the dpkg lock for minutes: wait for it.
+    f"sudo DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 install -y "
+    f"{py} {py_venv} && "
+    f"rm -rf .venv && {py} -m venv .venv; }}; }}",
+    ". .venv/bin/activate",
+    "pip install -q -U pip",
+    " ".join(['pip install -q -e . "jax[tpu]"', *map(shlex.quote, args.pip)]),
+    'echo "$(hostname): jax $(python -c "import jax; print(jax.__version__)") in $PWD"',
   ]
   commands.append(_ssh(args, "all", " && ".join(steps)))
   return commands
@@ -169,23 +208,32 @@ def setup(args):
 
 def run(args):
   if not args.trainer_args:
-    args.parser.error("run needs the trainer's flags after --, e.g. "
-                      "-- --config=configs/owt.py --workdir=/mnt/work/owt")
+    args.parser.error(
+      "run needs the trainer's flags after --, e.g. "
+      "-- --config=configs/owt.py --workdir=/mnt/work/owt"
+    )
   name = args.run_name or time.strftime("%Y%m%d-%H%M%S")
   logs, pid = remote_path(LOG_DIR), remote_path(f"{LOG_DIR}/latest.pid")
   log = remote_path(f"{LOG_DIR}/{name}.log")
   trainer = shlex.join(["python", "-m", "md4jax.main", *args.trainer_args])
   steps = [
-      # A TPU takes one process at a time: a second run would only fail in its log.
-      f"if {RUNNING.format(pid=pid)}; then echo \"$(hostname): a run is still going"
-      " (tpu.py stop ends it)\" >&2; exit 1; fi",
-      f"mkdir -p {logs}", f"cd {remote_path(args.remote_dir)}", ". .venv/bin/activate",
-      f"ln -sfn {shlex.quote(name + '.log')} {logs}/latest.log",
-      # nohup and no open stdin/stdout: the run outlives the ssh session, which returns at once.
-      f"{{ nohup {trainer} > {log} 2>&1 < /dev/null & }}",
-      f"echo $! > {pid}", 'echo "$(hostname): started pid $!"']
-  print(f"tpu.py: logs in {LOG_DIR}/{name}.log on every worker; follow worker 0's with\n  "
-        + _hint(args, "logs", "--follow"), file=sys.stderr)
+    # A TPU takes one process at a time: a second run would only fail in its log.
+    f'if {RUNNING.format(pid=pid)}; then echo "$(hostname): a run is still going'
+    ' (tpu.py stop ends it)" >&2; exit 1; fi',
+    f"mkdir -p {logs}",
+    f"cd {remote_path(args.remote_dir)}",
+    ". .venv/bin/activate",
+    f"ln -sfn {shlex.quote(name + '.log')} {logs}/latest.log",
+    # nohup and no open stdin/stdout: the run outlives the ssh session, which returns at once.
+    f"{{ nohup {trainer} > {log} 2>&1 < /dev/null & }}",
+    f"echo $! > {pid}",
+    'echo "$(hostname): started pid $!"',
+  ]
+  print(
+    f"tpu.py: logs in {LOG_DIR}/{name}.log on every worker; follow worker 0's with\n  "
+    + _hint(args, "logs", "--follow"),
+    file=sys.stderr,
+  )
   return [_ssh(args, "all", " && ".join(steps))]
 
 
@@ -197,14 +245,25 @@ def logs(args):
 def stop(args):
   pid = remote_path(f"{LOG_DIR}/latest.pid")
   # Only the pid tpu.py run recorded, and only while it still is md4jax.
-  return [_ssh(args, "all", f'if {RUNNING.format(pid=pid)}; then kill "$(cat {pid})" && '
-               'echo "$(hostname): stopped"; else echo "$(hostname): no run"; fi')]
+  return [
+    _ssh(
+      args,
+      "all",
+      f'if {RUNNING.format(pid=pid)}; then kill "$(cat {pid})" && '
+      'echo "$(hostname): stopped"; else echo "$(hostname): no run"; fi',
+    )
+  ]
 
 
 def ssh(args):
   if args.trainer_args:
-    return [_ssh(args, args.worker or "all", shlex.join(args.trainer_args)
-                 if len(args.trainer_args) > 1 else args.trainer_args[0])]
+    return [
+      _ssh(
+        args,
+        args.worker or "all",
+        shlex.join(args.trainer_args) if len(args.trainer_args) > 1 else args.trainer_args[0],
+      )
+    ]
   return [_ssh(args, args.worker or "0")]
 
 
@@ -219,26 +278,37 @@ def build_parser():
   remote = argparse.ArgumentParser(add_help=False)
   remote.add_argument("--remote-dir", default="~/md4jax", help="The checkout on every worker.")
 
-  parser = argparse.ArgumentParser(prog="launch/tpu.py", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog="launch/tpu.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   p = sub.add_parser("create", parents=[common, queued], help="Create the slice.")
-  p.add_argument("--accelerator-type", required=True, help="e.g. v5litepod-16, v5p-16, v6e-8, v4-32.")
-  p.add_argument("--runtime-version", help="Default: " + ", ".join(
-      f"{r} for {a}*" for a, r in RUNTIMES) + f", else {OLDER_RUNTIME}.")
+  p.add_argument(
+    "--accelerator-type", required=True, help="e.g. v5litepod-16, v5p-16, v6e-8, v4-32."
+  )
+  p.add_argument(
+    "--runtime-version",
+    help="Default: " + ", ".join(f"{r} for {a}*" for a, r in RUNTIMES) + f", else {OLDER_RUNTIME}.",
+  )
   p.add_argument("--spot", action="store_true", help="A spot VM: cheap, may be preempted.")
   p.set_defaults(handler=create)
   sub.add_parser("status", parents=[common, queued], help="Describe the slice.").set_defaults(
-      handler=status)
+    handler=status
+  )
   p = sub.add_parser("setup", parents=[common, remote], help="Install md4jax on every worker.")
   p.add_argument("--repo", help="git URL to clone; default: this checkout's origin.")
   p.add_argument("--ref", help="Branch, tag or commit; default: this checkout's HEAD commit.")
   p.add_argument("--copy", action="store_true", help="Send this working tree instead of cloning.")
-  p.add_argument("--python", default="auto",
-                 help="Python for the venv (>= 3.11); auto: python3 if new enough, else python3.11.")
+  p.add_argument(
+    "--python",
+    default="auto",
+    help="Python for the venv (>= 3.11); auto: python3 if new enough, else python3.11.",
+  )
   p.add_argument("--pip", action="append", default=[], help="Extra requirement, e.g. datasets.")
   p.set_defaults(handler=setup)
-  p = sub.add_parser("run", parents=[common, remote], help="Start `md4jax.main -- ARGS` on all workers.")
+  p = sub.add_parser(
+    "run", parents=[common, remote], help="Start `md4jax.main -- ARGS` on all workers."
+  )
   p.add_argument("--run-name", help="Log name; default: the time, YYYYmmdd-HHMMSS.")
   p.set_defaults(handler=run)
   p = sub.add_parser("logs", parents=[common], help="Tail a worker's log.")
@@ -248,12 +318,14 @@ def build_parser():
   p.add_argument("--follow", "-f", action="store_true")
   p.set_defaults(handler=logs)
   sub.add_parser("stop", parents=[common], help="Stop the latest run on all workers.").set_defaults(
-      handler=stop)
+    handler=stop
+  )
   p = sub.add_parser("ssh", parents=[common], help="A shell on a worker, or `-- COMMAND` on all.")
   p.add_argument("--worker", help="Default: 0 for a shell, all for a command.")
   p.set_defaults(handler=ssh)
   sub.add_parser("delete", parents=[common, queued], help="Delete the slice.").set_defaults(
-      handler=delete)
+    handler=delete
+  )
   return parser
 
 
@@ -263,7 +335,7 @@ def main(argv=None):
   cut = argv.index("--") if "--" in argv else len(argv)
   parser = build_parser()
   args = parser.parse_args(argv[:cut])
-  args.trainer_args, args.parser = argv[cut + 1:], parser
+  args.trainer_args, args.parser = argv[cut + 1 :], parser
   if args.trainer_args and args.command not in ("run", "ssh"):
     parser.error(f"{args.command} takes no arguments after --")
   for cmd in args.handler(args):
@@ -275,8 +347,11 @@ def main(argv=None):
     if returncode:
       sys.exit(returncode)
   if args.command == "create" and args.queued and not args.dry_run:
-    print("tpu.py: queued; the slice is ready when its state is ACTIVE:\n  "
-          + _hint(args, "status", "--queued"), file=sys.stderr)
+    print(
+      "tpu.py: queued; the slice is ready when its state is ACTIVE:\n  "
+      + _hint(args, "status", "--queued"),
+      file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -7,19 +7,26 @@ generated language whose exact law tests them. Importing it loads neither the da
 `python -m md4jax.main` uses.
 """
 
-from md4jax.diffusion.bounds import bits_per_token
-from md4jax.diffusion.bounds import nelbo
+from md4jax.diffusion.bounds import bits_per_token, nelbo
 from md4jax.diffusion.groundtruth import MarkovLanguage
 from md4jax.diffusion.masking import corrupt
 from md4jax.diffusion.schedules import get_schedule
 from md4jax.model.transformer import Transformer
 from md4jax.sampling.samplers import METHODS as SAMPLERS
-from md4jax.sampling.samplers import NonFiniteLogitsError
-from md4jax.sampling.samplers import check_logits
-from md4jax.sampling.samplers import max_calls
-from md4jax.sampling.samplers import sample
+from md4jax.sampling.samplers import NonFiniteLogitsError, check_logits, max_calls, sample
 
 __version__ = "0.1.0"
 
-__all__ = ["MarkovLanguage", "NonFiniteLogitsError", "SAMPLERS", "Transformer", "bits_per_token",
-           "check_logits", "corrupt", "get_schedule", "max_calls", "nelbo", "sample"]
+__all__ = [
+  "MarkovLanguage",
+  "NonFiniteLogitsError",
+  "SAMPLERS",
+  "Transformer",
+  "bits_per_token",
+  "check_logits",
+  "corrupt",
+  "get_schedule",
+  "max_calls",
+  "nelbo",
+  "sample",
+]

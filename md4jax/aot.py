@@ -29,10 +29,9 @@ import re
 import time
 from typing import Optional
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
+from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
@@ -42,21 +41,23 @@ from md4jax.evaluation import evaluate
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
 from md4jax.sampling import samplers
-from md4jax.training import objective
+from md4jax.training import objective, train
 from md4jax.training import state as state_lib
-from md4jax.training import train
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU slice, e.g. v5e:4x4, v5p:2x2x2, v6e:16x16.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Path to a config file (configs/*.py).", lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string(
+  "topology", "v5e:2x2", "TPU slice, e.g. v5e:4x4, v5p:2x2x2, v6e:16x16."
+)
 flags.mark_flags_as_required(["config"])
 
 # Per chip: HBM bytes and peak dense bfloat16 FLOP/s (Cloud TPU documentation).
 CHIPS = {
-    "TPU v4": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 275e12},
-    "TPU v5 lite": {"hbm_bytes": 16 * 2**30, "peak_bf16_flops": 197e12},
-    "TPU v5": {"hbm_bytes": 95 * 2**30, "peak_bf16_flops": 459e12},
-    "TPU v6 lite": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 918e12},
+  "TPU v4": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 275e12},
+  "TPU v5 lite": {"hbm_bytes": 16 * 2**30, "peak_bf16_flops": 197e12},
+  "TPU v5": {"hbm_bytes": 95 * 2**30, "peak_bf16_flops": 459e12},
+  "TPU v6 lite": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 918e12},
 }
 
 
@@ -66,18 +67,26 @@ def chip_specs(devices) -> dict:
   if kind not in CHIPS:
     raise ValueError(f"No HBM/FLOP figures for {kind!r}; known: {', '.join(CHIPS)}.")
   devices_per_chip = len({d.core_on_chip for d in devices})
-  return {"device_kind": kind, "devices_per_chip": devices_per_chip,
-          "hbm_bytes": CHIPS[kind]["hbm_bytes"] // devices_per_chip,
-          "peak_bf16_flops": CHIPS[kind]["peak_bf16_flops"] / devices_per_chip}
+  return {
+    "device_kind": kind,
+    "devices_per_chip": devices_per_chip,
+    "hbm_bytes": CHIPS[kind]["hbm_bytes"] // devices_per_chip,
+    "peak_bf16_flops": CHIPS[kind]["peak_bf16_flops"] / devices_per_chip,
+  }
 
 
 def _abstract_batch(config, rows: int, mesh, training: bool) -> dict:
   """The batch config's data gives the train step (or the evaluation), as shapes."""
-  spec = lambda dtype: jax.ShapeDtypeStruct((rows, config.data.seq_len), dtype,
-                                            sharding=sharding.batch_sharding(mesh))
+  spec = lambda dtype: jax.ShapeDtypeStruct(
+    (rows, config.data.seq_len), dtype, sharding=sharding.batch_sharding(mesh)
+  )
   segments = sources.has_segments(config, training)
-  return {"tokens": spec(jnp.int32), "segment_ids": spec(jnp.int32) if segments else None,
-          "positions": spec(jnp.int32) if segments else None, "editable": spec(jnp.bool_)}
+  return {
+    "tokens": spec(jnp.int32),
+    "segment_ids": spec(jnp.int32) if segments else None,
+    "positions": spec(jnp.int32) if segments else None,
+    "editable": spec(jnp.bool_),
+  }
 
 
 class DoesNotFit(Exception):
@@ -97,16 +106,19 @@ def _compile(fn, *args) -> tuple:
       raise
     # e.g. "... the total memory required for HLO temporaries (28.53G) exceeds available HBM ..."
     found = re.search(r"required for [^(]*\(([0-9.]+)([KMGT])\)", str(e))
-    required = (int(float(found.group(1)) * 2 ** (10 * "KMGT".index(found.group(2)) + 10))
-                if found else None)
+    required = (
+      int(float(found.group(1)) * 2 ** (10 * "KMGT".index(found.group(2)) + 10)) if found else None
+    )
     raise DoesNotFit(str(e).splitlines()[0], required) from None
   return compiled, time.perf_counter() - start
 
 
 def _memory(compiled) -> dict:
   stats = compiled.memory_analysis()
-  memory = {name: int(getattr(stats, f"{name}_size_in_bytes"))
-            for name in ("argument", "output", "temp", "alias", "generated_code")}
+  memory = {
+    name: int(getattr(stats, f"{name}_size_in_bytes"))
+    for name in ("argument", "output", "temp", "alias", "generated_code")
+  }
   memory["total"] = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
   return memory
 
@@ -120,9 +132,12 @@ def compiled_flops(compiled) -> float:
 
 def _summary(compiled, seconds: float, num_devices: int) -> dict:
   # XLA's own count, which sees each loop body (scanned layers, sampler steps) once.
-  return {"compile_seconds": round(seconds, 2), "bytes_per_chip": _memory(compiled)["total"],
-          "memory_breakdown": _memory(compiled),
-          "xla_cost_analysis_flops_all_chips": compiled_flops(compiled) * num_devices}
+  return {
+    "compile_seconds": round(seconds, 2),
+    "bytes_per_chip": _memory(compiled)["total"],
+    "memory_breakdown": _memory(compiled),
+    "xla_cost_analysis_flops_all_chips": compiled_flops(compiled) * num_devices,
+  }
 
 
 def _train_step_compiled(config, mesh):
@@ -130,8 +145,9 @@ def _train_step_compiled(config, mesh):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   abstract = state_lib.abstract_state(config, model, optimizer, mesh)
   step_fn = train.make_train_step(config, model, optimizer, mesh, abstract)
-  compiled, seconds = _compile(step_fn, abstract,
-                               _abstract_batch(config, config.batch_size, mesh, training=True))
+  compiled, seconds = _compile(
+    step_fn, abstract, _abstract_batch(config, config.batch_size, mesh, training=True)
+  )
   return compiled, seconds, abstract
 
 
@@ -159,13 +175,19 @@ def _train_flops(config, devices) -> float:
 
 def sampler_step(config, model, mesh):
   """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted."""
+
   def step(params, key):
     with sharding.activation_rules(mesh):
       tokens, _ = samplers.sample(
-          key, objective.sampling_denoiser(model, params, config),
-          batch_size=config.eval.batch_size, length=config.data.seq_len,
-          schedule=objective.schedule_of(params, config),
-          mask_id=config.data.vocab_size, method="ancestral", num_steps=1)
+        key,
+        objective.sampling_denoiser(model, params, config),
+        batch_size=config.eval.batch_size,
+        length=config.data.seq_len,
+        schedule=objective.schedule_of(params, config),
+        mask_id=config.data.vocab_size,
+        method="ancestral",
+        num_steps=1,
+      )
     return tokens
 
   return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
@@ -181,44 +203,74 @@ def analyze(config, topology: str) -> dict:
   model = state_lib.build_model(config)
   seq_len = config.data.seq_len
   m = config.model
-  model_flops = 3 * model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, seq_len,
-                                              config.data.vocab_size) * config.batch_size * seq_len
-  where = {"topology": topology, "chips": len(devices) // specs["devices_per_chip"],
-           "devices": len(devices), "hosts": len({d.process_index for d in devices}),
-           "device_kind": specs["device_kind"], "mesh": dict(zip(sharding.MESH_AXES, mesh.devices.shape)),
-           "global_batch": config.batch_size, "seq_len": seq_len, "model_flops_per_step": model_flops}
+  model_flops = (
+    3
+    * model_lib.flops_per_token(
+      m.num_layers, m.model_dim, m.mlp_dim, seq_len, config.data.vocab_size
+    )
+    * config.batch_size
+    * seq_len
+  )
+  where = {
+    "topology": topology,
+    "chips": len(devices) // specs["devices_per_chip"],
+    "devices": len(devices),
+    "hosts": len({d.process_index for d in devices}),
+    "device_kind": specs["device_kind"],
+    "mesh": dict(zip(sharding.MESH_AXES, mesh.devices.shape)),
+    "global_batch": config.batch_size,
+    "seq_len": seq_len,
+    "model_flops_per_step": model_flops,
+  }
   try:
     train_compiled, train_seconds, abstract = _train_step_compiled(config, mesh)
   except DoesNotFit as e:
-    return {"fits": False, "bytes_per_chip": e.required_bytes, "hbm_bytes_per_chip": specs["hbm_bytes"],
-            "compile_error": str(e), **where}
+    return {
+      "fits": False,
+      "bytes_per_chip": e.required_bytes,
+      "hbm_bytes_per_chip": specs["hbm_bytes"],
+      "compile_error": str(e),
+      **where,
+    }
   eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-  eval_compiled, eval_seconds = _compile(eval_fn, abstract.ema_params,
-                                         _abstract_batch(config, config.eval.batch_size, mesh,
-                                                         training=False), key)
-  sampler_compiled, sampler_seconds = _compile(sampler_step(config, model, mesh), abstract.ema_params, key)
+  eval_compiled, eval_seconds = _compile(
+    eval_fn,
+    abstract.ema_params,
+    _abstract_batch(config, config.eval.batch_size, mesh, training=False),
+    key,
+  )
+  sampler_compiled, sampler_seconds = _compile(
+    sampler_step(config, model, mesh), abstract.ema_params, key
+  )
 
   train_summary = _summary(train_compiled, train_seconds, len(devices))
   train_summary["flops_all_chips"] = _train_flops(config, devices)
-  train_summary["flops_counted"] = ("loop-free compiles: data parallel, 1 row per device, 1 and 2 "
-                                    "layers unrolled; extrapolated to num_layers and the batch")
+  train_summary["flops_counted"] = (
+    "loop-free compiles: data parallel, 1 row per device, 1 and 2 "
+    "layers unrolled; extrapolated to num_layers and the batch"
+  )
   peak = specs["peak_bf16_flops"] * len(devices)
   return {
-      "fits": train_summary["bytes_per_chip"] <= specs["hbm_bytes"],
-      "bytes_per_chip": train_summary["bytes_per_chip"],
-      "hbm_bytes_per_chip": specs["hbm_bytes"],
-      "flops_ratio": train_summary["flops_all_chips"] / model_flops,
-      "compile_seconds": train_summary["compile_seconds"],
-      "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
-      **where,
-      "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
-      "flop_formula": "3 * md4jax.model.transformer.flops_per_token * batch_size * seq_len",
-      "train_step": train_summary,
-      "eval_step": {**_summary(eval_compiled, eval_seconds, len(devices)),
-                    "rows": config.eval.batch_size, "mc_draws": config.eval.num_mc_samples},
-      "sampler_step": {**_summary(sampler_compiled, sampler_seconds, len(devices)),
-                       "rows": config.eval.batch_size},
+    "fits": train_summary["bytes_per_chip"] <= specs["hbm_bytes"],
+    "bytes_per_chip": train_summary["bytes_per_chip"],
+    "hbm_bytes_per_chip": specs["hbm_bytes"],
+    "flops_ratio": train_summary["flops_all_chips"] / model_flops,
+    "compile_seconds": train_summary["compile_seconds"],
+    "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
+    **where,
+    "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
+    "flop_formula": "3 * md4jax.model.transformer.flops_per_token * batch_size * seq_len",
+    "train_step": train_summary,
+    "eval_step": {
+      **_summary(eval_compiled, eval_seconds, len(devices)),
+      "rows": config.eval.batch_size,
+      "mc_draws": config.eval.num_mc_samples,
+    },
+    "sampler_step": {
+      **_summary(sampler_compiled, sampler_seconds, len(devices)),
+      "rows": config.eval.batch_size,
+    },
   }
 
 

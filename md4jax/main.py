@@ -17,40 +17,56 @@ same --coordinator_address=HOST:PORT and --num_processes=N and its own
 import os
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
 import jax
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from md4jax import config_lib
-from md4jax import modes
+from md4jax import config_lib, modes
 from md4jax.runtime import allocator
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file (configs/*.py).", lock_config=True)
+  "config", None, "Path to a config file (configs/*.py).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "sample", "frontier"],
-                          "train (then eval and sample), or eval / sample / sweep the sample-quality "
-                          "frontier (md4jax.evaluation.frontier) of the latest checkpoint.")
+_MODE = flags.DEFINE_enum(
+  "mode",
+  "train",
+  ["train", "eval", "sample", "frontier"],
+  "train (then eval and sample), or eval / sample / sweep the sample-quality "
+  "frontier (md4jax.evaluation.frontier) of the latest checkpoint.",
+)
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
-    "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes.")
+  "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes."
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+_PROCESS_ID = flags.DEFINE_integer(
+  "process_id", None, "This process's index in [0, num_processes)."
+)
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    "heartbeat_timeout_seconds", 100,
-    "Several processes: when one stops answering (a dead host) for this long, the others end "
-    "with an error instead of waiting for it forever.")
+  "heartbeat_timeout_seconds",
+  100,
+  "Several processes: when one stops answering (a dead host) for this long, the others end "
+  "with an error instead of waiting for it forever.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors about the user's config, files or workdir: reported in one line, without a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, UnicodeDecodeError, workdir_lib.WorkdirError,
-               checkpoint.CheckpointError)
+USER_ERRORS = (
+  ValueError,
+  FileNotFoundError,
+  UnicodeDecodeError,
+  workdir_lib.WorkdirError,
+  checkpoint.CheckpointError,
+)
 
-_MODES = {"train": modes.train_and_evaluate, "eval": modes.evaluate_checkpoint,
-          "sample": modes.sample_checkpoint, "frontier": modes.frontier_checkpoint}
+_MODES = {
+  "train": modes.train_and_evaluate,
+  "eval": modes.evaluate_checkpoint,
+  "sample": modes.sample_checkpoint,
+  "frontier": modes.frontier_checkpoint,
+}
 
 
 def _in_multiprocess_cluster() -> bool:
@@ -65,9 +81,12 @@ def _initialize_distributed():
   if any(value is not None for value in given):
     if any(value is None for value in given):
       raise app.UsageError("--coordinator_address, --num_processes and --process_id go together.")
-    jax.distributed.initialize(coordinator_address=_COORDINATOR_ADDRESS.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-                               heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
+    jax.distributed.initialize(
+      coordinator_address=_COORDINATOR_ADDRESS.value,
+      num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+      heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+    )
   elif _in_multiprocess_cluster():
     jax.distributed.initialize(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
 

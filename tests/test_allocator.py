@@ -30,8 +30,14 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8
 
 
 def _faults_per_call(mode):
-  result = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL, mode], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=True)
+  result = subprocess.run(
+    [sys.executable, "-c", _FAULTS_PER_CALL, mode],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
   applied, faults = result.stdout.split()
   return applied, float(faults)
 
@@ -64,8 +70,14 @@ print(applied, resident() - before)
 
 
 def _resident_after_free(megabytes):
-  result = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_FREE, str(megabytes)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=True)
+  result = subprocess.run(
+    [sys.executable, "-c", _RESIDENT_AFTER_FREE, str(megabytes)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=True,
+  )
   applied, kept = result.stdout.split()
   return applied, float(kept)
 

@@ -13,8 +13,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def aot(*flags) -> dict:
-  result = subprocess.run([sys.executable, "-m", "md4jax.aot", *flags], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+  result = subprocess.run(
+    [sys.executable, "-m", "md4jax.aot", *flags],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout)
 
@@ -24,8 +29,9 @@ def test_text8_compiles_for_a_v5e_2x2_and_fits():
   assert report["fits"] is True and report["device_kind"] == "TPU v5 lite" and report["chips"] == 4
   assert 0 < report["bytes_per_chip"] <= report["hbm_bytes_per_chip"] == 16 * 2**30
   breakdown = report["train_step"]["memory_breakdown"]
-  assert report["bytes_per_chip"] == (breakdown["argument"] + breakdown["output"] + breakdown["temp"]
-                                      - breakdown["alias"])
+  assert report["bytes_per_chip"] == (
+    breakdown["argument"] + breakdown["output"] + breakdown["temp"] - breakdown["alias"]
+  )
   # The donated state is aliased: arguments and outputs overlap by about the state's size.
   assert breakdown["alias"] > 0.9 * breakdown["output"]
   # remat="save_dots" keeps the weight matmuls and recomputes attention; the formula leaves
@@ -35,11 +41,17 @@ def test_text8_compiles_for_a_v5e_2x2_and_fits():
   at_peak = report["step_seconds_at_mfu"]
   assert at_peak["50%"] == pytest.approx(2 * at_peak["100%"])
   for step in ("eval_step", "sampler_step"):
-    assert report[step]["bytes_per_chip"] > 0 and report[step]["xla_cost_analysis_flops_all_chips"] > 0
+    assert (
+      report[step]["bytes_per_chip"] > 0 and report[step]["xla_cost_analysis_flops_all_chips"] > 0
+    )
 
 
 def test_a_config_that_does_not_fit_says_so_and_exits_zero():
-  report = aot("--config=configs/tiny.py", "--topology=v5e:2x2", "--config.batch_size=4194304",
-               "--config.eval.batch_size=16")
+  report = aot(
+    "--config=configs/tiny.py",
+    "--topology=v5e:2x2",
+    "--config.batch_size=4194304",
+    "--config.eval.batch_size=16",
+  )
   assert report["fits"] is False and report["bytes_per_chip"] > report["hbm_bytes_per_chip"]
   assert "RESOURCE_EXHAUSTED" in report["compile_error"] and report["global_batch"] == 4194304

@@ -15,7 +15,9 @@ NUM_DRAWS = 200_000
 def _tail_fraction(noise):
   logits = jnp.full((2000, VOCAB), TAIL_LOGIT).at[:, 0].set(0.0)
   draw = jax.jit(lambda key: categorical.sample_categorical(key, logits, noise=noise))
-  draws = np.concatenate([np.asarray(draw(jax.random.PRNGKey(i))) for i in range(NUM_DRAWS // 2000)])
+  draws = np.concatenate(
+    [np.asarray(draw(jax.random.PRNGKey(i))) for i in range(NUM_DRAWS // 2000)]
+  )
   return np.mean(draws != 0)
 
 
@@ -42,8 +44,9 @@ def test_float32_gumbel_measurably_undershoots_the_tail(exact_tail_mass):
 def test_float64_draws_match_a_small_categorical():
   probs = np.array([0.5, 0.3, 0.15, 0.05])
   logits = jnp.log(jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (50_000, 4)))
-  counts = np.bincount(np.asarray(categorical.sample_categorical(jax.random.PRNGKey(0), logits)),
-                       minlength=4)
+  counts = np.bincount(
+    np.asarray(categorical.sample_categorical(jax.random.PRNGKey(0), logits)), minlength=4
+  )
   expected = probs * 50_000
   chi2 = np.sum((counts - expected) ** 2 / expected)
   assert chi2 < 21.1  # χ²(3) critical value at p = 1e-4.
@@ -65,8 +68,9 @@ def test_filters():
   np.testing.assert_array_equal(np.isfinite(nucleus), [[True, True, False, False]])
   assert np.isfinite(categorical.filter_logits(logits, top_p=0.4)).sum() == 1
   np.testing.assert_allclose(categorical.filter_logits(logits, temperature=0.5), logits / 0.5)
-  greedy = categorical.sample_categorical(jax.random.PRNGKey(0), jnp.tile(logits, (10, 1)),
-                                          temperature=0.0)
+  greedy = categorical.sample_categorical(
+    jax.random.PRNGKey(0), jnp.tile(logits, (10, 1)), temperature=0.0
+  )
   np.testing.assert_array_equal(greedy, 0)
   for bad in [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)]:
     with pytest.raises(ValueError):

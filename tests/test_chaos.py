@@ -22,32 +22,51 @@ from md4jax.training import state as state_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 200
-FLAGS = [f"--config.num_train_steps={STEPS}", "--config.checkpoint_every_steps=20",
-         "--config.log_every_steps=5", f"--config.eval_every_steps={STEPS}",
-         "--config.sample.num_samples=0", "--config.eval.num_sequences=16"]
+FLAGS = [
+  f"--config.num_train_steps={STEPS}",
+  "--config.checkpoint_every_steps=20",
+  "--config.log_every_steps=5",
+  f"--config.eval_every_steps={STEPS}",
+  "--config.sample.num_samples=0",
+  "--config.eval.num_sequences=16",
+]
 
 
 def _command(workdir):
-  return [sys.executable, "-m", "md4jax.main", "--config=configs/tiny.py", f"--workdir={workdir}", *FLAGS]
+  return [
+    sys.executable,
+    "-m",
+    "md4jax.main",
+    "--config=configs/tiny.py",
+    f"--workdir={workdir}",
+    *FLAGS,
+  ]
 
 
 def _final(workdir):
   config = config_lib.load_config("tiny")
-  abstract = state_lib.abstract_state(config, state_lib.build_model(config),
-                                      state_lib.make_optimizer(config), sharding.make_mesh(config))
+  abstract = state_lib.abstract_state(
+    config,
+    state_lib.build_model(config),
+    state_lib.make_optimizer(config),
+    sharding.make_mesh(config),
+  )
   return checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract, log=lambda _: None)
 
 
 def _metrics(workdir):
-  return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_second"}
-          for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [
+    {k: v for k, v in json.loads(line).items() if k != "tokens_per_second"}
+    for line in (workdir / "metrics.jsonl").read_text().splitlines()
+  ]
 
 
 def _interrupt(workdir, signum, moment, rng) -> str:
   """Starts the run and sends `signum` at `moment`: "save" (while a checkpoint is being written)
   or a delay in seconds after the first training step. Returns how it ended."""
-  process = subprocess.Popen(_command(workdir), cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+  process = subprocess.Popen(
+    _command(workdir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   deadline = time.monotonic() + 300
   for line in process.stdout:  # Wait for training to start (compiled, first step run).
     if "Compiled and ran the first step" in line or time.monotonic() > deadline:
@@ -103,7 +122,9 @@ def test_kills_and_stops_resume_exactly(reference, tmp_path):
 @pytest.mark.slow
 def test_ten_kills_and_five_stops_at_random_moments_resume_exactly(reference, tmp_path):
   rng = random.Random(1)
-  interruptions = [(signal.SIGKILL, "save" if i % 3 == 0 else rng.uniform(0.2, 3.0)) for i in range(10)]
+  interruptions = [
+    (signal.SIGKILL, "save" if i % 3 == 0 else rng.uniform(0.2, 3.0)) for i in range(10)
+  ]
   interruptions += [(signal.SIGTERM, rng.uniform(0.2, 3.0)) for _ in range(5)]
   rng.shuffle(interruptions)
   assert _chaos(reference, tmp_path / "chaos", interruptions, seed=2) >= 1

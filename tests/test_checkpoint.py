@@ -8,9 +8,8 @@ import pytest
 from md4jax import config_lib
 from md4jax.data import sources
 from md4jax.runtime import sharding
-from md4jax.training import checkpoint
+from md4jax.training import checkpoint, train
 from md4jax.training import state as state_lib
-from md4jax.training import train
 
 
 def _config(data_axis=-1, fsdp=1, tensor=1):
@@ -46,15 +45,18 @@ def saved_under_fsdp(tmp_path_factory):
 @pytest.mark.parametrize("layout", [dict(devices=1), dict(data_axis=2, fsdp=2, tensor=2)])
 def test_fsdp_checkpoint_restores_on_other_meshes_and_continues(saved_under_fsdp, layout):
   workdir, expected = saved_under_fsdp
-  devices = jax.devices()[:layout.pop("devices", 8)]
+  devices = jax.devices()[: layout.pop("devices", 8)]
   config = _config(**layout)
   mesh = sharding.make_mesh(config, devices)
-  abstract = state_lib.abstract_state(config, state_lib.build_model(config),
-                                      state_lib.make_optimizer(config), mesh)
+  abstract = state_lib.abstract_state(
+    config, state_lib.build_model(config), state_lib.make_optimizer(config), mesh
+  )
   restored = checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract)
   step, state = restored.step, restored.state
   assert step == 2 and restored.data_state == {"next_batch_index": 2}
-  assert state.params["block_0"]["mlp"]["gate"]["kernel"].sharding == \
-      abstract.params["block_0"]["mlp"]["gate"]["kernel"].sharding
+  assert (
+    state.params["block_0"]["mlp"]["gate"]["kernel"].sharding
+    == abstract.params["block_0"]["mlp"]["gate"]["kernel"].sharding
+  )
   final = _steps(config, mesh, state, 2, 2)
   chex.assert_trees_all_close(jax.device_get(final), expected, rtol=1e-5, atol=1e-7)

@@ -41,8 +41,14 @@ def test_text_config_validates_once_given_a_path(name):
 
 def test_required_top_level_keys():
   config = config_lib.base_config()
-  for key in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-              "seed", "batch_size"):
+  for key in (
+    "num_train_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "checkpoint_every_steps",
+    "seed",
+    "batch_size",
+  ):
     assert key in config
 
 
@@ -56,11 +62,20 @@ def test_every_key_is_commented():
 
 def test_text8_has_paper_settings():
   config = load("text8")
-  assert (config.data.seq_len, config.model.num_layers, config.model.model_dim,
-          config.model.num_heads) == (256, 12, 768, 12)
+  assert (
+    config.data.seq_len,
+    config.model.num_layers,
+    config.model.model_dim,
+    config.model.num_heads,
+  ) == (256, 12, 768, 12)
   assert config.diffusion.schedule == "linear"
-  assert (config.optimizer.learning_rate, config.batch_size, config.optimizer.warmup_steps,
-          config.optimizer.ema_decay, config.num_train_steps) == (3e-4, 512, 2000, 0.9999, 1_000_000)
+  assert (
+    config.optimizer.learning_rate,
+    config.batch_size,
+    config.optimizer.warmup_steps,
+    config.optimizer.ema_decay,
+    config.num_train_steps,
+  ) == (3e-4, 512, 2000, 0.9999, 1_000_000)
 
 
 def test_owt_and_lm1b_have_paper_settings():
@@ -68,13 +83,26 @@ def test_owt_and_lm1b_have_paper_settings():
   assert (owt.data.seq_len, owt.data.vocab_size, owt.batch_size) == (1024, 50257, 512)
   assert (owt.model.num_layers, owt.model.model_dim, owt.model.num_heads) == (12, 768, 12)
   assert (medium.model.num_layers, medium.model.model_dim, medium.model.num_heads) == (24, 1024, 16)
-  assert (owt.optimizer.learning_rate, owt.optimizer.warmup_steps, owt.optimizer.b2,
-          owt.optimizer.ema_decay, owt.num_train_steps) == (3e-4, 2000, 0.999, 0.9999, 1_000_000)
+  assert (
+    owt.optimizer.learning_rate,
+    owt.optimizer.warmup_steps,
+    owt.optimizer.b2,
+    owt.optimizer.ema_decay,
+    owt.num_train_steps,
+  ) == (3e-4, 2000, 0.999, 0.9999, 1_000_000)
   assert (lm1b.data.seq_len, lm1b.data.vocab_size, lm1b.batch_size) == (128, 30522, 512)
   assert lm1b.diffusion.schedule == "loglinear" and lm1b.data.dataset == "lm1b"
-  for config in (owt, medium, lm1b):  # Pod settings: FSDP over every chip, bfloat16, scanned blocks.
+  for config in (
+    owt,
+    medium,
+    lm1b,
+  ):  # Pod settings: FSDP over every chip, bfloat16, scanned blocks.
     assert (config.mesh.data, config.mesh.fsdp, config.model.dtype, config.model.scan_layers) == (
-        1, -1, "bfloat16", True)
+      1,
+      -1,
+      "bfloat16",
+      True,
+    )
 
 
 def test_locked_config_rejects_typos():
@@ -94,7 +122,9 @@ def _bad(name="tiny", num_devices=1, **overrides):
   return lambda: config_lib.validate_config(config, num_devices=num_devices)
 
 
-@pytest.mark.parametrize("overrides, match", [
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
     (dict(diffusion__schedule="cosyne"), r"diffusion.schedule.*Unknown schedule 'cosyne'"),
     (dict(num_train_steps=-5), r"num_train_steps must be a positive integer, got -5"),
     (dict(log_every_steps=0), r"log_every_steps must be a positive integer"),
@@ -105,75 +135,131 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(training__estimator="importance"), r"training.estimator='importance' is unknown"),
     (dict(eval__estimator="exact"), r"eval.estimator='exact' is unknown"),
     (dict(eval__discrete_steps="10,0"), r"eval.discrete_steps must be distinct positive integers"),
-    (dict(eval__discrete_steps="10,ten"), r"eval.discrete_steps must be distinct positive integers"),
+    (
+      dict(eval__discrete_steps="10,ten"),
+      r"eval.discrete_steps must be distinct positive integers",
+    ),
     (dict(eval__discrete_steps="50,50"), r"eval.discrete_steps must be distinct positive integers"),
-    (dict(optimizer__warmup_steps=20), r"optimizer.warmup_steps must be an integer in \[0, num_train_steps=20\)"),
+    (
+      dict(optimizer__warmup_steps=20),
+      r"optimizer.warmup_steps must be an integer in \[0, num_train_steps=20\)",
+    ),
     (dict(optimizer__ema_decay=1.0), r"optimizer.ema_decay must be in \[0, 1\)"),
     (dict(optimizer__learning_rate=0.0), r"optimizer.learning_rate must be > 0"),
-    (dict(model__num_heads=3), r"model.model_dim=32 / model.num_heads=3 must be an even integer head dim"),
+    (
+      dict(model__num_heads=3),
+      r"model.model_dim=32 / model.num_heads=3 must be an even integer head dim",
+    ),
     (dict(sample__method="beam"), r"sample.method='beam' is unknown"),
     (dict(data__dataset="wikitext"), r"data.dataset='wikitext' is unknown; valid: markov, text8"),
     (dict(data__dataset="localtext"), r"data.path must name a local file or folder"),
-    (dict(data__dataset="localtext", data__path="x", data__packing="ragged"),
-     r"data.packing='ragged' is unknown"),
-    (dict(data__dataset="conditional", data__path="x", data__response_field="prompt"),
-     r"data.prompt_field and data.response_field are both 'prompt'"),
-    (dict(data__dataset="conditional", data__path="x", data__prompt_field=""),
-     r"data.prompt_field must name a JSONL field"),
+    (
+      dict(data__dataset="localtext", data__path="x", data__packing="ragged"),
+      r"data.packing='ragged' is unknown",
+    ),
+    (
+      dict(data__dataset="conditional", data__path="x", data__response_field="prompt"),
+      r"data.prompt_field and data.response_field are both 'prompt'",
+    ),
+    (
+      dict(data__dataset="conditional", data__path="x", data__prompt_field=""),
+      r"data.prompt_field must name a JSONL field",
+    ),
     (dict(sample__top_p=0.0), r"sample.top_p must be in \(0, 1\]"),
     (dict(eval__profile_bins=-1), r"eval.profile_bins must be an integer >= 0"),
     (dict(frontier__methods="ancestral,beam"), r"frontier.methods must be distinct samplers"),
     (dict(frontier__methods=""), r"frontier.methods must be distinct samplers"),
     (dict(frontier__num_steps="8,0"), r"frontier.num_steps must be distinct positive integers"),
-    (dict(frontier__temperatures="1,0"), r"frontier.temperatures must be distinct temperatures > 0"),
-    (dict(frontier__temperatures="1,hot"), r"frontier.temperatures must be distinct temperatures > 0"),
+    (
+      dict(frontier__temperatures="1,0"),
+      r"frontier.temperatures must be distinct temperatures > 0",
+    ),
+    (
+      dict(frontier__temperatures="1,hot"),
+      r"frontier.temperatures must be distinct temperatures > 0",
+    ),
     (dict(frontier__num_samples=1), r"frontier.num_samples must be an integer >= 2"),
     (dict(eval__num_judged_samples=1), r"eval.num_judged_samples must be an integer >= 2"),
     (dict(eval__profile_bins=True), r"eval.profile_bins must be an integer >= 0"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
     (dict(cpu_devices=True), r"cpu_devices must be an integer >= 0"),
-])
+  ],
+)
 def test_bad_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):
     _bad(**overrides)()
 
 
 def test_batch_not_divisible_by_devices():
-  with pytest.raises(ValueError, match=r"batch_size=12 must split into training.grad_accum_steps=1 "
-                                       r"microbatches of rows divisible by mesh.data × mesh.fsdp = 8"):
+  with pytest.raises(
+    ValueError,
+    match=r"batch_size=12 must split into training.grad_accum_steps=1 "
+    r"microbatches of rows divisible by mesh.data × mesh.fsdp = 8",
+  ):
     _bad(batch_size=12, num_devices=8)()
-  with pytest.raises(ValueError, match=r"eval.batch_size=20 is not divisible by mesh.data × mesh.fsdp = 8"):
+  with pytest.raises(
+    ValueError, match=r"eval.batch_size=20 is not divisible by mesh.data × mesh.fsdp = 8"
+  ):
     _bad(eval__batch_size=20, num_devices=8)()
   with pytest.raises(ValueError, match=r"grad_accum_steps=3 microbatches"):
     _bad(training__grad_accum_steps=3)()
 
 
-@pytest.mark.parametrize("overrides, num_devices, match", [
+@pytest.mark.parametrize(
+  "overrides, num_devices, match",
+  [
     (dict(mesh__data=-1, mesh__fsdp=-1), 8, r"at most one may be -1"),
     (dict(mesh__data=0), 8, r"mesh.data must be a positive integer or -1"),
     (dict(mesh__data=3, mesh__fsdp=-1), 8, r"cannot fill 8 devices: 8 is not divisible by 3"),
     (dict(mesh__data=2, mesh__fsdp=2, mesh__tensor=1), 8, r"= 4, but there are 8 devices"),
-    (dict(mesh__data=1, mesh__fsdp=-1, model__model_dim=36, model__num_heads=2), 8,
-     r"model.model_dim=36 is not divisible by mesh.fsdp=8"),
-    (dict(mesh__data=-1, mesh__tensor=4), 8, r"model.num_heads=2 is not divisible by mesh.tensor=4"),
+    (
+      dict(mesh__data=1, mesh__fsdp=-1, model__model_dim=36, model__num_heads=2),
+      8,
+      r"model.model_dim=36 is not divisible by mesh.fsdp=8",
+    ),
+    (
+      dict(mesh__data=-1, mesh__tensor=4),
+      8,
+      r"model.num_heads=2 is not divisible by mesh.tensor=4",
+    ),
     (dict(training__grad_accum_steps=0), 1, r"training.grad_accum_steps must be an integer >= 1"),
-    (dict(model__attention="flash"), 1, r"model.attention='flash' is unknown; valid: xla, cudnn, splash"),
+    (
+      dict(model__attention="flash"),
+      1,
+      r"model.attention='flash' is unknown; valid: xla, cudnn, splash",
+    ),
     (dict(model__remat="some"), 1, r"model.remat='some' is unknown; valid: none, full, save_dots"),
     (dict(model__norm="batch"), 1, r"model.norm='batch' is unknown; valid: rms, layer"),
     (dict(model__mlp="relu"), 1, r"model.mlp='relu' is unknown; valid: swiglu, sigmoid_glu"),
     (dict(model__embed_dim=-1), 1, r"model.embed_dim must be an integer >= 0"),
-    (dict(model__output_init="ones"), 1, r"model.output_init='ones' is unknown; valid: normal, zeros"),
-    (dict(sample__method="jump", model__time_conditioning="adaln"), 1,
-     r"sample.method='jump' reuses logits across steps, so it needs a time-free denoiser"),
+    (
+      dict(model__output_init="ones"),
+      1,
+      r"model.output_init='ones' is unknown; valid: normal, zeros",
+    ),
+    (
+      dict(sample__method="jump", model__time_conditioning="adaln"),
+      1,
+      r"sample.method='jump' reuses logits across steps, so it needs a time-free denoiser",
+    ),
     (dict(sample__threshold=1.5), 1, r"sample.threshold must be in \[0, 1\]"),
-    (dict(sample__method="remdm", sample__remask="always"), 1, r"sample.remask='always' is unknown"),
+    (
+      dict(sample__method="remdm", sample__remask="always"),
+      1,
+      r"sample.remask='always' is unknown",
+    ),
     (dict(sample__remask_eta=2.0), 1, r"sample.remask_eta must be in \[0, 1\]"),
     (dict(sample__guidance_scale=1.0), 1, r"sample.guidance_scale needs sample.prompt"),
     (dict(frontier__thresholds="0.5,2"), 1, r"frontier.thresholds must be"),
     (dict(model__attention="splash"), 1, r"'splash' is a TPU kernel; this run's devices are 'cpu'"),
-    (dict(model__attention="cudnn"), 1, r"'cudnn' runs on NVIDIA GPUs only; this run's devices are 'cpu'"),
-])
+    (
+      dict(model__attention="cudnn"),
+      1,
+      r"'cudnn' runs on NVIDIA GPUs only; this run's devices are 'cpu'",
+    ),
+  ],
+)
 def test_bad_mesh_and_parallelism_raise_clear_errors(overrides, num_devices, match):
   with pytest.raises(ValueError, match=match):
     _bad(num_devices=num_devices, **overrides)()
@@ -196,7 +282,9 @@ def test_platform_specific_attention_validates_where_it_runs():
 
 def test_vocab_mask_mismatch():
   # text8 has 27 ids; vocab_size 26 would make the mask id 26 collide with the space character.
-  with pytest.raises(ValueError, match=r"data.vocab_size=26 does not match text8's 27 ids.*mask id"):
+  with pytest.raises(
+    ValueError, match=r"data.vocab_size=26 does not match text8's 27 ids.*mask id"
+  ):
     _bad("text8", data__vocab_size=26)()
 
 
@@ -210,21 +298,42 @@ def test_cached_sampler_needs_a_time_free_denoiser():
     _bad(sample__method="cached", model__time_conditioning="adaln")()
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(model__weight_init="xavier"), r"model.weight_init='xavier' is unknown; valid: normal, fan_in"),
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
+    (
+      dict(model__weight_init="xavier"),
+      r"model.weight_init='xavier' is unknown; valid: normal, fan_in",
+    ),
     (dict(model__time_input="sigma"), r"model.time_input='sigma' is unknown; valid: alpha, t"),
     (dict(model__time_features="vdm"), r"model.time_features='vdm' is unknown; valid: dit, ddpm"),
     (dict(model__adaln_activation="gelu"), r"model.adaln_activation='gelu' is unknown"),
     (dict(model__norm_eps=0.0), r"model.norm_eps must be a float > 0"),
     (dict(model__time_dim=-1), r"model.time_dim must be an integer >= 0"),
-    (dict(model__time_features="ddpm", model__time_dim=2), r"time_features='ddpm' needs a time width"),
+    (
+      dict(model__time_features="ddpm", model__time_dim=2),
+      r"time_features='ddpm' needs a time width",
+    ),
     (dict(model__preset="gpt2"), r"model.preset='gpt2' is unknown; valid: none, md4"),
-    (dict(model__preset="md4"), r"model.preset='md4' sets model.time_conditioning='adaln'.*"
-                                r"resolve the preset first"),
-    (dict(diffusion__endpoint_terms="none"), r"diffusion.endpoint_terms='none' is unknown; valid: sampled, md4"),
-    (dict(training__loss_units="bytes"), r"training.loss_units='bytes' is unknown; valid: nats, bits"),
-    (dict(optimizer__grad_clip_norm=-1.0), r"optimizer.grad_clip_norm must be >= 0 \(0: no clipping\)"),
-])
+    (
+      dict(model__preset="md4"),
+      r"model.preset='md4' sets model.time_conditioning='adaln'.*"
+      r"resolve the preset first",
+    ),
+    (
+      dict(diffusion__endpoint_terms="none"),
+      r"diffusion.endpoint_terms='none' is unknown; valid: sampled, md4",
+    ),
+    (
+      dict(training__loss_units="bytes"),
+      r"training.loss_units='bytes' is unknown; valid: nats, bits",
+    ),
+    (
+      dict(optimizer__grad_clip_norm=-1.0),
+      r"optimizer.grad_clip_norm must be >= 0 \(0: no clipping\)",
+    ),
+  ],
+)
 def test_md4_option_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):
     _bad(**overrides)()
@@ -238,11 +347,24 @@ def test_md4_preset_resolves_to_md4s_text_network():
   resolved = config_lib.resolve_preset(config)
   model = resolved.model
   assert config.model.norm == "rms" and model.norm == "layer"  # A copy.
-  assert (model.time_conditioning, model.time_input, model.time_features, model.adaln_activation,
-          model.weight_init, model.norm_eps, model.biases, model.mlp, model.output_init) == (
-              "adaln", "t", "ddpm", "sigmoid", "fan_in_mlp_depth", 1e-5, True, "sigmoid_glu", "zeros")
+  assert (
+    model.time_conditioning,
+    model.time_input,
+    model.time_features,
+    model.adaln_activation,
+    model.weight_init,
+    model.norm_eps,
+    model.biases,
+    model.mlp,
+    model.output_init,
+  ) == ("adaln", "t", "ddpm", "sigmoid", "fan_in_mlp_depth", 1e-5, True, "sigmoid_glu", "zeros")
   # MD4's feature_dim 64 is its head dim, token-embedding and time-embedding width; MLP 2048.
-  assert (model.embed_dim, model.time_dim, model.time_hidden_dim, model.mlp_dim) == (64, 64, 256, 2048)
+  assert (model.embed_dim, model.time_dim, model.time_hidden_dim, model.mlp_dim) == (
+    64,
+    64,
+    256,
+    2048,
+  )
   config_lib.validate_config(resolved, num_devices=1)
   assert config_lib.resolve_preset(resolved).to_dict() == resolved.to_dict()
   plain = load("text8")
@@ -255,9 +377,12 @@ def test_md4_preset_owns_its_keys():
   command line (explicit) to anything but the preset's value, is an error naming it."""
   config = load("tiny")  # mlp_dim 64: neither the base 256 nor MD4's 96 for width 32.
   config.model.preset = "md4"
-  with pytest.raises(ValueError, match=r"model.preset='md4' sets model.mlp_dim=96, but the config "
-                                       r"sets 64: a preset owns its keys \(set it to 96, or leave it at "
-                                       r"its base value 256\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"model.preset='md4' sets model.mlp_dim=96, but the config "
+    r"sets 64: a preset owns its keys \(set it to 96, or leave it at "
+    r"its base value 256\)",
+  ):
     config_lib.resolve_preset(config)
   config.model.mlp_dim = 96
   assert config_lib.resolve_preset(config).model.norm == "layer"

@@ -1,4 +1,5 @@
 """Tests for md4jax.data.corpora: text8 splits and validation, local files, conditional pairs, LM1B/OWT stand-ins."""
+
 import importlib.util
 import json
 import pathlib
@@ -38,11 +39,14 @@ def test_text8_zip(tmp_path):
   assert corpora.read_text8(tmp_path / "text8.zip") == text
 
 
-@pytest.mark.parametrize("content, error, match", [
+@pytest.mark.parametrize(
+  "content, error, match",
+  [
     ("hello World", ValueError, r"\['W'\], first at character 6"),
     ("tab\tseparated", ValueError, "not text8-format"),
     ("", ValueError, "empty"),
-])
+  ],
+)
 def test_text8_invalid(tmp_path, content, error, match):
   (tmp_path / "bad").write_text(content)
   with pytest.raises(error, match=match):
@@ -79,14 +83,21 @@ def test_text_file_one_document_per_non_empty_line(tmp_path):
 def test_folder_of_text_and_jsonl_files(tmp_path):
   (tmp_path / "b").mkdir()
   (tmp_path / "b" / "2.jsonl").write_text(
-      "\n".join(json.dumps({"body": f"json {i}", "id": i}) for i in range(3)))
+    "\n".join(json.dumps({"body": f"json {i}", "id": i}) for i in range(3))
+  )
   (tmp_path / "a.txt").write_text("one\ntwo\n")
   (tmp_path / "c.txt").write_text("three\n")
   (tmp_path / "ignored.csv").write_text("x,y\n")
   corpus = corpora.local_corpus(tmp_path, text_field="body", validation_fraction=0.3)
   # Files in sorted order: a.txt, b/2.jsonl, c.txt.
   assert list(corpus.train) + list(corpus.validation) == [
-      "one", "two", "json 0", "json 1", "json 2", "three"]
+    "one",
+    "two",
+    "json 0",
+    "json 1",
+    "json 2",
+    "three",
+  ]
   assert len(corpus.validation) == 2
 
 
@@ -118,11 +129,14 @@ def test_documents_ranges_cross_files(tmp_path):
   assert list(middle) == ["0-3", "1-0"] and len(tail) == 7
 
 
-@pytest.mark.parametrize("content, match", [
+@pytest.mark.parametrize(
+  "content, match",
+  [
     ('{"title": "x"}\n{"title": "y"}\n', r"x.jsonl:1: no string field 'text' \(has \['title'\]\)"),
     ('{"text": "x"}\nnot json\n', r"x.jsonl:2: not valid JSON"),
     ('{"text": "only one"}\n', "holds 1 document"),
-])
+  ],
+)
 def test_jsonl_errors(tmp_path, content, match):
   (tmp_path / "x.jsonl").write_text(content)
   with pytest.raises(ValueError, match=match):
@@ -132,26 +146,37 @@ def test_jsonl_errors(tmp_path, content, match):
 def test_conditional_pairs_split_like_local_corpora(tmp_path):
   lines = [json.dumps({"q": f"prompt {i}", "a": f"response {i}", "id": i}) for i in range(40)]
   (tmp_path / "pairs.jsonl").write_text("\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:]))
-  corpus = corpora.load_corpus("conditional", str(tmp_path / "pairs.jsonl"), prompt_field="q",
-                               response_field="a")
+  corpus = corpora.load_corpus(
+    "conditional", str(tmp_path / "pairs.jsonl"), prompt_field="q", response_field="a"
+  )
   train, validation = list(corpus.train), list(corpus.validation)
   assert len(train) == 38 and len(validation) == 2
   assert train[0] == corpora.Example("prompt 0", "response 0", f"{tmp_path / 'pairs.jsonl'}:1")
   assert validation[-1].where.endswith("pairs.jsonl:41")  # Line numbers count blank lines.
   assert list(corpus.train.texts())[:4] == ["prompt 0", "response 0", "prompt 1", "response 1"]
-  other = corpora.load_corpus("conditional", str(tmp_path / "pairs.jsonl"), prompt_field="a",
-                              response_field="q")
+  other = corpora.load_corpus(
+    "conditional", str(tmp_path / "pairs.jsonl"), prompt_field="a", response_field="q"
+  )
   assert other.key != corpus.key  # Caches tell the field choices apart.
 
 
-@pytest.mark.parametrize("name, content, match", [
-    ("x.jsonl", '{"prompt": "p", "answer": "r"}\n{"prompt": "p", "response": "r"}\n',
-     r"x.jsonl:1: no string field 'response' \(has \['answer', 'prompt'\]\); "
-     r"set config.data.response_field"),
-    ("x.jsonl", '{"prompt": 3, "response": "r"}\n{"prompt": "p", "response": "r"}\n',
-     r"x.jsonl:1: no string field 'prompt'"),
+@pytest.mark.parametrize(
+  "name, content, match",
+  [
+    (
+      "x.jsonl",
+      '{"prompt": "p", "answer": "r"}\n{"prompt": "p", "response": "r"}\n',
+      r"x.jsonl:1: no string field 'response' \(has \['answer', 'prompt'\]\); "
+      r"set config.data.response_field",
+    ),
+    (
+      "x.jsonl",
+      '{"prompt": 3, "response": "r"}\n{"prompt": "p", "response": "r"}\n',
+      r"x.jsonl:1: no string field 'prompt'",
+    ),
     ("x.txt", "one\ntwo\n", r"x.txt: conditional data is JSONL"),
-])
+  ],
+)
 def test_conditional_errors(tmp_path, name, content, match):
   (tmp_path / name).write_text(content)
   with pytest.raises(ValueError, match=match):
@@ -170,16 +195,20 @@ def test_local_path_errors(tmp_path):
     corpora.load_corpus("c4", "x")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
-                    reason="TensorFlow is installed, so tfds would try to download LM1B")
+@pytest.mark.skipif(
+  importlib.util.find_spec("tensorflow") is not None,
+  reason="TensorFlow is installed, so tfds would try to download LM1B",
+)
 def test_lm1b_without_local_path_names_the_tf_extra():
   corpus = corpora.load_corpus("lm1b", "")
   with pytest.raises(ImportError, match=r"md4jax\[tf\]"):
     next(iter(corpus.train))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None,
-                    reason="`datasets` is installed, so OpenWebText would be downloaded")
+@pytest.mark.skipif(
+  importlib.util.find_spec("datasets") is not None,
+  reason="`datasets` is installed, so OpenWebText would be downloaded",
+)
 def test_openwebtext_without_local_path_needs_datasets():
   with pytest.raises(ImportError, match="pip install datasets"):
     corpora.load_corpus("owt", "")

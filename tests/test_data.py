@@ -11,10 +11,20 @@ def test_markov_batches_drawn_together_equal_one_draw_each():
   config = config_lib.load_config("tiny")
   source = sources.MarkovSource(config)
   # In order across a block boundary, then as a resumed run would ask for them.
-  for index in (0, 1, sources._BATCHES_PER_DRAW - 1, sources._BATCHES_PER_DRAW, 3, 2 * sources._BATCHES_PER_DRAW + 5):
-    alone = source.language.sample(jax.random.fold_in(source._train_key, index),
-                                   config.batch_size, config.data.seq_len)
-    np.testing.assert_array_equal(source.batch(index)["tokens"], np.asarray(alone), err_msg=str(index))
+  for index in (
+    0,
+    1,
+    sources._BATCHES_PER_DRAW - 1,
+    sources._BATCHES_PER_DRAW,
+    3,
+    2 * sources._BATCHES_PER_DRAW + 5,
+  ):
+    alone = source.language.sample(
+      jax.random.fold_in(source._train_key, index), config.batch_size, config.data.seq_len
+    )
+    np.testing.assert_array_equal(
+      source.batch(index)["tokens"], np.asarray(alone), err_msg=str(index)
+    )
 
 
 def test_each_process_takes_its_block_of_the_global_batch():
@@ -36,4 +46,6 @@ def test_evaluation_batches_pad_whole_rows_without_segment_ids():
   # Padding is whole rows, never scored: no row reads another, so no mask is needed.
   np.testing.assert_array_equal(batches[1]["editable"].all(-1), [True] * 4 + [False] * 12)
   assert not batches[1]["editable"][4:].any() and (batches[1]["tokens"][4:] == 0).all()
-  assert not sources.has_segments(config, training=True) and not sources.has_segments(config, training=False)
+  assert not sources.has_segments(config, training=True) and not sources.has_segments(
+    config, training=False
+  )

@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax.diffusion import bounds
-from md4jax.diffusion import groundtruth
-from md4jax.diffusion import schedules
+from md4jax.diffusion import bounds, groundtruth, schedules
 
 VOCAB = 5
 MASK_ID = VOCAB
@@ -40,9 +38,19 @@ def data(language):
 def _jitted_nelbo(language, schedule_name, estimator, t_sampling, num_steps=None):
   denoise = language.denoise_fn(MASK_ID)
   schedule = schedules.get_schedule(schedule_name)
-  return jax.jit(lambda key, x, editable: bounds.nelbo(
-      key, denoise, x, schedule, mask_id=MASK_ID, editable=editable, num_steps=num_steps,
-      estimator=estimator, t_sampling=t_sampling))
+  return jax.jit(
+    lambda key, x, editable: bounds.nelbo(
+      key,
+      denoise,
+      x,
+      schedule,
+      mask_id=MASK_ID,
+      editable=editable,
+      num_steps=num_steps,
+      estimator=estimator,
+      t_sampling=t_sampling,
+    )
+  )
 
 
 def _mean_and_se(values):
@@ -83,8 +91,9 @@ def test_subs_carries_visible_tokens_and_never_scores_them():
   adversarial = jnp.where(jax.nn.one_hot(x, VOCAB) > 0, -50.0, 50.0)  # Wrong everywhere.
   log_probs = bounds.subs_log_probs(adversarial, z, mask_id=MASK_ID)
   visible = np.asarray(z != MASK_ID)
-  np.testing.assert_array_equal(np.asarray(jnp.exp(log_probs))[visible],
-                                np.asarray(jax.nn.one_hot(z, VOCAB))[visible])
+  np.testing.assert_array_equal(
+    np.asarray(jnp.exp(log_probs))[visible], np.asarray(jax.nn.one_hot(z, VOCAB))[visible]
+  )
   ce = bounds.masked_cross_entropy(adversarial, x, z, mask_id=MASK_ID)
   assert np.all(np.asarray(ce)[visible] == 0)
   assert np.all(np.asarray(ce)[~visible] > 50)
@@ -130,15 +139,20 @@ def _standard_estimate_by_quadrature(language, x, schedule, key, num_nodes=32):
 
   @functools.partial(jax.jit, static_argnums=(1,))
   def at_time(node_key, sched, t):
-    return bounds.continuous_loss_at(node_key, oracle, x, sched, jnp.full((x.shape[0],), t),
-                                        mask_id=MASK_ID)
+    return bounds.continuous_loss_at(
+      node_key, oracle, x, sched, jnp.full((x.shape[0],), t), mask_id=MASK_ID
+    )
 
   def integral(sched, low, high, interval_key):
     total = 0.0
     for j, (node, weight) in enumerate(zip(nodes, weights)):
       t = low + (high - low) * (node + 1) / 2
-      total += weight * (high - low) / 2 * np.asarray(
-          at_time(jax.random.fold_in(interval_key, j), sched, t), np.float64)
+      total += (
+        weight
+        * (high - low)
+        / 2
+        * np.asarray(at_time(jax.random.fold_in(interval_key, j), sched, t), np.float64)
+      )
     return total
 
   keys = jax.random.split(key, 3)
@@ -156,8 +170,9 @@ def test_standard_estimator_equals_exact_nll_and_schedules_agree(language, data)
   x, nll = data
   results = {}
   for i, name in enumerate(ALL_SCHEDULES):
-    estimate = _standard_estimate_by_quadrature(language, x, schedules.get_schedule(name),
-                                                jax.random.PRNGKey(20 + i))
+    estimate = _standard_estimate_by_quadrature(
+      language, x, schedules.get_schedule(name), jax.random.PRNGKey(20 + i)
+    )
     mean, se = _mean_and_se(estimate - nll)
     assert abs(mean) < 3 * se, (name, mean, se)
     results[name] = _mean_and_se(estimate)
@@ -189,17 +204,21 @@ def _exact_discrete_bounds(language, x, schedule, steps_list):
   tiled = np.broadcast_to(x, subsets.shape)
   z = np.where(subsets, mask_id, tiled)
   logits = language.denoise_fn(mask_id)(jnp.asarray(z), None)
-  ce_sum = np.asarray(bounds.masked_cross_entropy(logits, jnp.asarray(tiled), jnp.asarray(z),
-                                                     mask_id=mask_id), np.float64).sum(-1)
+  ce_sum = np.asarray(
+    bounds.masked_cross_entropy(logits, jnp.asarray(tiled), jnp.asarray(z), mask_id=mask_id),
+    np.float64,
+  ).sum(-1)
   size = subsets.sum(-1)
 
   def g(rate):
-    return np.sum(rate ** size * (1 - rate) ** (length - size) * ce_sum)
+    return np.sum(rate**size * (1 - rate) ** (length - size) * ce_sum)
 
   by_steps = {}
   for steps in steps_list:
     rates = np.asarray(schedule.mask_prob(np.arange(steps + 1, dtype=np.float64) / steps))
-    by_steps[steps] = sum((rates[i] - rates[i - 1]) / rates[i] * g(rates[i]) for i in range(1, steps + 1))
+    by_steps[steps] = sum(
+      (rates[i] - rates[i - 1]) / rates[i] * g(rates[i]) for i in range(1, steps + 1)
+    )
   # Mask-count form of L∞ (exact for this oracle): mean over k of (L/k) E_{|S|=k} Σ CE.
   by_steps[None] = np.mean([length / k * ce_sum[size == k].mean() for k in range(1, length + 1)])
   return by_steps
@@ -219,9 +238,11 @@ def test_discrete_time_bound_is_above_continuous_and_decreases_with_steps(schedu
   batch = jnp.asarray(np.tile(x, (20000, 1)))
   for estimator in ["standard", "forced_target"]:
     for steps in [4, 16, 256]:
-      estimate = jax.jit(lambda key, b, s=steps, e=estimator: bounds.nelbo(
-          key, denoise, b, schedule, mask_id=4, num_steps=s, estimator=e,
-          t_sampling="uniform"))(jax.random.PRNGKey(steps), batch)
+      estimate = jax.jit(
+        lambda key, b, s=steps, e=estimator: bounds.nelbo(
+          key, denoise, b, schedule, mask_id=4, num_steps=s, estimator=e, t_sampling="uniform"
+        )
+      )(jax.random.PRNGKey(steps), batch)
       mean, se = _mean_and_se(estimate)
       assert abs(mean - exact[steps]) < 3 * se, (estimator, steps, mean, se, exact[steps])
 
@@ -311,7 +332,9 @@ def test_non_editable_positions_are_never_masked_nor_scored(language, data, esti
     return oracle(z, alpha)
 
   def garbage_where_fixed(z, alpha):  # Wrong logits at non-editable positions only.
-    return jnp.where(editable[..., None], oracle(z, alpha), 30.0 * jax.nn.one_hot((x + 1) % VOCAB, VOCAB))
+    return jnp.where(
+      editable[..., None], oracle(z, alpha), 30.0 * jax.nn.one_hot((x + 1) % VOCAB, VOCAB)
+    )
 
   kwargs = dict(mask_id=MASK_ID, editable=editable, estimator=estimator)
   schedule = schedules.get_schedule("geometric")  # Exercises the endpoint terms too.
@@ -319,9 +342,17 @@ def test_non_editable_positions_are_never_masked_nor_scored(language, data, esti
   for z in seen:
     np.testing.assert_array_equal(np.where(editable, 0, z), np.where(editable, 0, x))
   np.testing.assert_array_equal(
-      bounds.nelbo(jax.random.PRNGKey(9), garbage_where_fixed, x, schedule, **kwargs), reference)
-  nothing_editable = bounds.nelbo(jax.random.PRNGKey(9), oracle, x, schedule,
-                                     mask_id=MASK_ID, editable=jnp.zeros_like(editable), estimator=estimator)
+    bounds.nelbo(jax.random.PRNGKey(9), garbage_where_fixed, x, schedule, **kwargs), reference
+  )
+  nothing_editable = bounds.nelbo(
+    jax.random.PRNGKey(9),
+    oracle,
+    x,
+    schedule,
+    mask_id=MASK_ID,
+    editable=jnp.zeros_like(editable),
+    estimator=estimator,
+  )
   np.testing.assert_array_equal(nothing_editable, 0.0)
   np.testing.assert_array_equal(bounds.num_valid_tokens(x, editable), np.asarray(editable).sum(-1))
 
@@ -329,35 +360,64 @@ def test_non_editable_positions_are_never_masked_nor_scored(language, data, esti
 # ---------------------------------------------------------------- numerics
 @pytest.mark.parametrize("schedule_name", ALL_SCHEDULES)
 @pytest.mark.parametrize("estimator", ["standard", "forced_target"])
-def test_finite_values_and_gradients_at_the_time_endpoints(language, data, schedule_name, estimator):
+def test_finite_values_and_gradients_at_the_time_endpoints(
+  language, data, schedule_name, estimator
+):
   x, _ = data
   x = x[:64]
   schedule = schedules.get_schedule(schedule_name)
   oracle = language.denoise_fn(MASK_ID)
 
   def loss(bias, t):
-    return bounds.continuous_loss_at(jax.random.PRNGKey(0), lambda z, a: oracle(z, a) + bias,
-                                        x, schedule, t, mask_id=MASK_ID, estimator=estimator).mean()
+    return bounds.continuous_loss_at(
+      jax.random.PRNGKey(0),
+      lambda z, a: oracle(z, a) + bias,
+      x,
+      schedule,
+      t,
+      mask_id=MASK_ID,
+      estimator=estimator,
+    ).mean()
 
   for t_value in [1e-7, 1e-4, 0.5, 1.0]:
     t = jnp.full((x.shape[0],), t_value)
     value, grad = jax.value_and_grad(loss)(jnp.zeros(VOCAB), t)
     assert np.isfinite(value) and np.all(np.isfinite(grad)), (t_value, value, grad)
-  value, grad = jax.value_and_grad(lambda b: bounds.nelbo(
-      jax.random.PRNGKey(1), lambda z, a: oracle(z, a) + b, x, schedule, mask_id=MASK_ID,
-      estimator=estimator).mean())(jnp.zeros(VOCAB))
+  value, grad = jax.value_and_grad(
+    lambda b: bounds.nelbo(
+      jax.random.PRNGKey(1),
+      lambda z, a: oracle(z, a) + b,
+      x,
+      schedule,
+      mask_id=MASK_ID,
+      estimator=estimator,
+    ).mean()
+  )(jnp.zeros(VOCAB))
   assert np.isfinite(value) and np.all(np.isfinite(grad))
 
 
-@pytest.mark.parametrize("estimator,num_steps", [
-    ("standard", None), ("standard", 16), ("forced_target", None), ("forced_target", 16),
-    ("mask_count", None)])  # mask_count is continuous-time only (tested to raise below).
+@pytest.mark.parametrize(
+  "estimator,num_steps",
+  [
+    ("standard", None),
+    ("standard", 16),
+    ("forced_target", None),
+    ("forced_target", 16),
+    ("mask_count", None),
+  ],
+)  # mask_count is continuous-time only (tested to raise below).
 def test_jit_and_eager_agree(language, data, estimator, num_steps):
   x, _ = data
   x = x[:128]
-  fn = functools.partial(bounds.nelbo, denoise_fn=language.denoise_fn(MASK_ID), x=x,
-                         schedule=schedules.get_schedule("geometric"), mask_id=MASK_ID,
-                         num_steps=num_steps, estimator=estimator)
+  fn = functools.partial(
+    bounds.nelbo,
+    denoise_fn=language.denoise_fn(MASK_ID),
+    x=x,
+    schedule=schedules.get_schedule("geometric"),
+    mask_id=MASK_ID,
+    num_steps=num_steps,
+    estimator=estimator,
+  )
   key = jax.random.PRNGKey(3)
   np.testing.assert_allclose(jax.jit(lambda k: fn(k))(key), fn(key), rtol=1e-5, atol=1e-5)
 
@@ -368,9 +428,17 @@ def test_oracle_nelbo_equals_exact_nll_with_x64(estimator):
     language = groundtruth.MarkovLanguage(VOCAB, seed=1)
     x = language.sample(jax.random.PRNGKey(0), NUM_SEQUENCES, LENGTH)
     nll = -np.asarray(language.log_prob(x))
-    estimate = jax.jit(lambda key: bounds.nelbo(
-        key, language.denoise_fn(MASK_ID), x, "cosine", mask_id=MASK_ID, estimator=estimator,
-        t_sampling="uniform"))(jax.random.PRNGKey(1))
+    estimate = jax.jit(
+      lambda key: bounds.nelbo(
+        key,
+        language.denoise_fn(MASK_ID),
+        x,
+        "cosine",
+        mask_id=MASK_ID,
+        estimator=estimator,
+        t_sampling="uniform",
+      )
+    )(jax.random.PRNGKey(1))
     mean, se = _mean_and_se(np.asarray(estimate) - nll)
     assert abs(mean) < 3 * se, (mean, se)
 
@@ -412,7 +480,7 @@ def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
     return jnp.zeros(z.shape + (VOCAB,))
 
   bounds._mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
-  (z, alpha), = seen
+  ((z, alpha),) = seen
   expected = np.ceil(np.asarray(u) * 8092).astype(int)
   np.testing.assert_array_equal(np.asarray(z == MASK_ID).sum(-1), expected)
   assert not np.any(np.asarray(z)[:, :100] == MASK_ID)
@@ -425,14 +493,24 @@ def test_cross_entropy_value_and_gradient_match_log_softmax(dtype):
   logits = (3 * jax.random.normal(jax.random.PRNGKey(0), (4, 6, 50))).astype(dtype)
   labels = jax.random.randint(jax.random.PRNGKey(1), (4, 6), 0, 50)
   weights = jax.random.uniform(jax.random.PRNGKey(2), (4, 6))
-  reference = lambda l: -(weights * jnp.take_along_axis(
-      jax.nn.log_softmax(l.astype(jnp.float32)), labels[..., None], -1)[..., 0]).sum()
+  reference = lambda l: (
+    -(
+      weights
+      * jnp.take_along_axis(jax.nn.log_softmax(l.astype(jnp.float32)), labels[..., None], -1)[
+        ..., 0
+      ]
+    ).sum()
+  )
   ours = lambda l: (weights * bounds.cross_entropy(l, labels)).sum()
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
   grad, expected = jax.grad(ours)(logits), jax.grad(reference)(logits)
   assert grad.dtype == dtype  # The gradient in the logits' dtype, as autodiff gives it.
-  np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(expected, np.float32),
-                             rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(grad, np.float32),
+    np.asarray(expected, np.float32),
+    rtol=1e-2 if dtype == jnp.bfloat16 else 1e-5,
+    atol=1e-7,
+  )
 
 
 def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass():
@@ -440,8 +518,9 @@ def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass
   # passes; ours keeps the bfloat16 logits and a float32 [B, L] log-normalizer only.
   batch, length, vocab = 8, 256, 4096
   labels = jnp.zeros((batch, length), jnp.int32)
-  naive = lambda l: -jnp.take_along_axis(jax.nn.log_softmax(l.astype(jnp.float32)),
-                                         labels[..., None], -1).sum()
+  naive = lambda l: (
+    -jnp.take_along_axis(jax.nn.log_softmax(l.astype(jnp.float32)), labels[..., None], -1).sum()
+  )
   ours = lambda l: bounds.cross_entropy(l, labels).sum()
   logits = jax.ShapeDtypeStruct((batch, length, vocab), jnp.bfloat16)
 
@@ -457,9 +536,11 @@ def test_cross_entropy_keeps_no_float32_copy_of_the_logits_for_the_backward_pass
 # ---------------------------------------------------------------- MD4's conventions (issue 36)
 def _recording_denoiser(calls):
   """Uniform logits; records every (z_t, time) it is called with."""
+
   def denoise(z, time):
     calls.append((z, time))
     return jnp.zeros(z.shape + (VOCAB,), jnp.float32)
+
   return denoise
 
 
@@ -471,14 +552,28 @@ def test_time_input_t_calls_the_denoiser_with_the_drawn_t_exactly():
   t = bounds.sample_times(jax.random.split(key)[0], 8)
   for time_input, expected in (("t", t), ("alpha", schedule.alpha(t))):
     calls = []
-    bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID,
-                 time_input=time_input, endpoint_terms="md4")
-    (_, time), = calls
+    bounds.nelbo(
+      key,
+      _recording_denoiser(calls),
+      x,
+      schedule,
+      mask_id=MASK_ID,
+      time_input=time_input,
+      endpoint_terms="md4",
+    )
+    ((_, time),) = calls
     np.testing.assert_array_equal(time, expected)
   calls = []
-  bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID, time_input="t",
-               estimator="mask_count")
-  (z, time), = calls
+  bounds.nelbo(
+    key,
+    _recording_denoiser(calls),
+    x,
+    schedule,
+    mask_id=MASK_ID,
+    time_input="t",
+    estimator="mask_count",
+  )
+  ((z, time),) = calls
   assert np.all((np.asarray(time) >= 0) & (np.asarray(time) <= 1))
   assert not np.allclose(time, t)  # Its own mask rates, not the stratified times.
   with pytest.raises(ValueError, match="time_input"):
@@ -492,13 +587,28 @@ def test_md4_endpoint_terms_are_a_constant_reconstruction_term():
   editable = jnp.arange(LENGTH)[None, :] < jnp.arange(8, 16)[:, None]  # 8..15 tokens a row.
   schedule, key = schedules.get_schedule("md4linear"), jax.random.PRNGKey(2)
   calls = []
-  md4 = bounds.nelbo(key, _recording_denoiser(calls), x, schedule, mask_id=MASK_ID,
-                     editable=editable, endpoint_terms="md4")
+  md4 = bounds.nelbo(
+    key,
+    _recording_denoiser(calls),
+    x,
+    schedule,
+    mask_id=MASK_ID,
+    editable=editable,
+    endpoint_terms="md4",
+  )
   assert len(calls) == 1
   t = bounds.sample_times(jax.random.split(key)[0], 8)
   z, _ = calls[0]
-  main = bounds.continuous_loss_at(None, _recording_denoiser([]), x, schedule, t, mask_id=MASK_ID,
-                                   editable=editable, masked=z == MASK_ID)
+  main = bounds.continuous_loss_at(
+    None,
+    _recording_denoiser([]),
+    x,
+    schedule,
+    t,
+    mask_id=MASK_ID,
+    editable=editable,
+    masked=z == MASK_ID,
+  )
   constant = np.asarray(editable.sum(-1)) * 1e-4 * np.log(VOCAB)
   np.testing.assert_allclose(md4, main + constant, rtol=1e-6)
   calls = []
@@ -517,16 +627,31 @@ def test_draws_replay_given_times_and_masks():
   t = jnp.asarray([0.0, 0.3, 0.6, 0.9], jnp.float32)
   schedule = schedules.get_schedule("linear")
   calls = []
-  nats = bounds.nelbo(jax.random.PRNGKey(4), _recording_denoiser(calls), x, schedule,
-                      mask_id=MASK_ID, editable=editable, time_input="t",
-                      draws={"t": t.at[0].set(0.05), "masked": masked})
-  (z, time), = calls
+  nats = bounds.nelbo(
+    jax.random.PRNGKey(4),
+    _recording_denoiser(calls),
+    x,
+    schedule,
+    mask_id=MASK_ID,
+    editable=editable,
+    time_input="t",
+    draws={"t": t.at[0].set(0.05), "masked": masked},
+  )
+  ((z, time),) = calls
   np.testing.assert_array_equal(z, jnp.where(masked & editable, MASK_ID, x))
   np.testing.assert_array_equal(time, t.at[0].set(0.05))
   counts = np.asarray((masked & editable).sum(-1))
-  np.testing.assert_allclose(nats, counts * np.log(VOCAB) / np.asarray([0.05, 0.3, 0.6, 0.9]),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    nats, counts * np.log(VOCAB) / np.asarray([0.05, 0.3, 0.6, 0.9]), rtol=1e-6
+  )
   for bad in (dict(estimator="mask_count"), dict(num_steps=10)):
     with pytest.raises(ValueError, match="draws replay"):
-      bounds.nelbo(jax.random.PRNGKey(4), _recording_denoiser([]), x, schedule, mask_id=MASK_ID,
-                   draws={"t": t, "masked": masked}, **bad)
+      bounds.nelbo(
+        jax.random.PRNGKey(4),
+        _recording_denoiser([]),
+        x,
+        schedule,
+        mask_id=MASK_ID,
+        draws={"t": t, "masked": masked},
+        **bad,
+      )

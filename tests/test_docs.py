@@ -13,8 +13,9 @@ DOCS = ROOT / "docs"
 
 
 def _generator():
-  spec = importlib.util.spec_from_file_location("generate_configuration",
-                                                DOCS / "generate_configuration.py")
+  spec = importlib.util.spec_from_file_location(
+    "generate_configuration", DOCS / "generate_configuration.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -25,7 +26,8 @@ def test_configuration_reference_is_current():
   expected = _generator().render()
   written = (DOCS / "configuration.md").read_text(encoding="utf-8")
   assert written == expected, (
-      "docs/configuration.md is stale: run python docs/generate_configuration.py --write")
+    "docs/configuration.md is stale: run python docs/generate_configuration.py --write"
+  )
 
 
 def test_configuration_reference_lists_every_key_with_its_meaning():
@@ -33,12 +35,16 @@ def test_configuration_reference_lists_every_key_with_its_meaning():
 
   generator = _generator()
   comments, _, _ = generator.parse_base_config(config_lib.base_config)
-  keys = [key for key, value in generator._flatten(config_lib.base_config(), {})  # pylint: disable=protected-access
-          if value is not None]
+  keys = [
+    key
+    for key, value in generator._flatten(config_lib.base_config(), {})  # pylint: disable=protected-access
+    if value is not None
+  ]
   assert keys
   undocumented = [key for key in keys if not comments.get(key)]
   assert not undocumented, (
-      f"base_config sets {undocumented} without a trailing '# meaning' comment on the line")
+    f"base_config sets {undocumented} without a trailing '# meaning' comment on the line"
+  )
   text = generator.render()
   assert all(f"| `{key}` |" in text for key in keys)
 
@@ -55,17 +61,23 @@ def test_readme_keeps_the_commands_ci_runs():
   assert "python -m pytest -q tests" in text
 
 
-@pytest.mark.parametrize("where", [
-    "README.md", "docs", "md4jax", "configs"])
+@pytest.mark.parametrize("where", ["README.md", "docs", "md4jax", "configs"])
 def test_nothing_points_outside_the_repository(where):
   """A user's clone has no ../shared: no file it ships may refer to one."""
   path = ROOT / where
-  files = [path] if path.is_file() else sorted(
-      p for p in path.rglob("*") if p.is_file() and p.suffix in (".md", ".py", ".txt", ".json"))
-  offending = [f"{p.relative_to(ROOT)}:{number}"
-               for p in files
-               for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-               if re.search(r"\.\./shared|shared/docs", line)]
+  files = (
+    [path]
+    if path.is_file()
+    else sorted(
+      p for p in path.rglob("*") if p.is_file() and p.suffix in (".md", ".py", ".txt", ".json")
+    )
+  )
+  offending = [
+    f"{p.relative_to(ROOT)}:{number}"
+    for p in files
+    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+    if re.search(r"\.\./shared|shared/docs", line)
+  ]
   assert not offending, f"references into ../shared: {offending}"
 
 

@@ -7,18 +7,15 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import oracles
 import pytest
 
 from md4jax import config_lib
 from md4jax.data import sources
 from md4jax.diffusion import groundtruth
-from md4jax.evaluation import evaluate
-from md4jax.evaluation import plots
-from md4jax.evaluation import report
+from md4jax.evaluation import evaluate, plots, report
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
-
-import oracles
 
 
 def tiny_config(**eval_overrides):
@@ -39,8 +36,10 @@ def test_eval_is_deterministic_and_complete():
   config = tiny_config(discrete_steps="10,50")
   mesh, model, params = untrained(config)
   source = sources.make_source(config)
-  runs = [evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
-          for _ in range(2)]
+  runs = [
+    evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
+    for _ in range(2)
+  ]
   assert runs[0] == runs[1]
   results = runs[0]
   assert set(results["discrete_time"]) == {"10", "50"}
@@ -52,14 +51,17 @@ def test_eval_is_deterministic_and_complete():
 
 class _RepeatedSource:
   """One sequence, repeated: the spread over rows is the Monte Carlo noise alone."""
+
   true_bits_per_token = None
 
   def __init__(self, sequence):
     self.sequence = np.asarray(sequence, np.int32)
 
   def eval_batches(self, num_sequences, batch_size):
-    return [sources.dense_batch(np.tile(self.sequence, (batch_size, 1)))
-            for _ in range(-(-num_sequences // batch_size))]
+    return [
+      sources.dense_batch(np.tile(self.sequence, (batch_size, 1)))
+      for _ in range(-(-num_sequences // batch_size))
+    ]
 
 
 def test_stderr_shrinks_like_one_over_sqrt_k():
@@ -67,11 +69,19 @@ def test_stderr_shrinks_like_one_over_sqrt_k():
   for draws in (1, 16):
     # mask_count has bounded variance; the t-estimator's is not (w(t) = 1/t near t = 0), so
     # its sample SE is too heavy-tailed to test a rate on.
-    config = tiny_config(num_mc_samples=draws, estimator="mask_count", discrete_steps="",
-                         profile_bins=0, num_sequences=128, batch_size=64)
+    config = tiny_config(
+      num_mc_samples=draws,
+      estimator="mask_count",
+      discrete_steps="",
+      profile_bins=0,
+      num_sequences=128,
+      batch_size=64,
+    )
     mesh, model, params = untrained(config)
     source = _RepeatedSource(sources.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
-    results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
+    results = evaluate.evaluate(
+      config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+    )
     stderrs[draws] = results["nelbo_bits_per_token_stderr"]
   ratio = stderrs[1] / stderrs[16]
   assert 4 / 1.4 < ratio < 4 * 1.4, stderrs  # √16 = 4; the SE of an SE over 128 rows is ~6%.
@@ -81,22 +91,32 @@ def test_discrete_bounds_take_their_own_draws_and_leave_the_headline_alone():
   runs = {}
   for draws in (1, 16):
     # T = 10: the discrete weights are bounded, so the SE of the t-estimator has a rate to test.
-    config = tiny_config(num_mc_samples=2, num_discrete_draws=draws, discrete_steps="10",
-                         profile_bins=0, num_sequences=128, batch_size=64)
+    config = tiny_config(
+      num_mc_samples=2,
+      num_discrete_draws=draws,
+      discrete_steps="10",
+      profile_bins=0,
+      num_sequences=128,
+      batch_size=64,
+    )
     mesh, model, params = untrained(config)
     source = _RepeatedSource(sources.make_source(config).eval_batches(1, 16)[0]["tokens"][0])
-    runs[draws] = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
-                                    source, mesh)
+    runs[draws] = evaluate.evaluate(
+      config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+    )
   assert runs[1]["nelbo_bits_per_token"] == runs[16]["nelbo_bits_per_token"]
   assert runs[1]["estimators"] == runs[16]["estimators"]
   one, many = runs[1]["discrete_time"]["10"], runs[16]["discrete_time"]["10"]
   ratio = one["stderr"] / many["stderr"]
   assert 4 / 1.4 < ratio < 4 * 1.4, ratio
   # Each is the mean of its own draws (none dropped or zero-padded): the same bound.
-  assert abs(one["bits_per_token"] - many["bits_per_token"]) < 4 * math.hypot(one["stderr"],
-                                                                              many["stderr"])
+  assert abs(one["bits_per_token"] - many["bits_per_token"]) < 4 * math.hypot(
+    one["stderr"], many["stderr"]
+  )
   assert runs[16]["discrete_time_num_mc_samples"] == 16
-  assert "t-estimator (t ~ U(0,1), w(t)·Σ masked CE), K = 16 Monte Carlo draws" in report.render(runs[16])
+  assert "t-estimator (t ~ U(0,1), w(t)·Σ masked CE), K = 16 Monte Carlo draws" in report.render(
+    runs[16]
+  )
 
 
 def test_ar_nll_of_the_oracle_chain_is_the_entropy():
@@ -106,38 +126,57 @@ def test_ar_nll_of_the_oracle_chain_is_the_entropy():
   source = sources.make_source(config)
   oracle = oracles.OracleChain(source.language)
   results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
-  assert results["estimator"] == "exact_nll" and results["nll_bits_per_token"] == results["nelbo_bits_per_token"]
+  assert (
+    results["estimator"] == "exact_nll"
+    and results["nll_bits_per_token"] == results["nelbo_bits_per_token"]
+  )
   # Exactly −log2 p(x) of each row: the paired excess is zero up to float32 rounding.
   assert abs(results["excess_bits_per_token"]) < 1e-4
   assert results["nll_bits_per_token"] == pytest.approx(
-      results["true_bits_per_token"], abs=3 * results["nll_bits_per_token_stderr"])
+    results["true_bits_per_token"], abs=3 * results["nll_bits_per_token_stderr"]
+  )
   assert "exact NLL" in report.render(results) and "≤" not in report.render(results)
 
 
 def test_exact_denoiser_profile_and_side_by_side_with_the_exact_chain():
-  config = tiny_config(num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="",
-                       profile_bins=10)
+  config = tiny_config(
+    num_sequences=256, batch_size=64, num_mc_samples=1, discrete_steps="", profile_bins=10
+  )
   mesh = sharding.make_mesh(config, jax.devices()[:1])
   source = sources.make_source(config)
   oracle = oracles.OracleDenoiser(source.language)
-  judge = evaluate.Judge(config_lib.load_config("tiny_ar"), oracles.OracleChain(source.language), {},
-                         sharding.make_mesh(config), workdir="oracle")  # Judge rows over all 8 devices.
-  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh,
-                              judge)
+  judge = evaluate.Judge(
+    config_lib.load_config("tiny_ar"),
+    oracles.OracleChain(source.language),
+    {},
+    sharding.make_mesh(config),
+    workdir="oracle",
+  )  # Judge rows over all 8 devices.
+  results = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh, judge
+  )
   # The continuous bound is tight for the exact denoiser: paired with the exact NLL of the
   # same rows, the difference is zero and the ratio one, within SE.
   pair = results["side_by_side"]
   assert pair["judge_nll_bits_per_token"] == pytest.approx(
-      np.mean(source.true_bits_per_token_of(source.eval_batches(256, 256)[0]["tokens"])), rel=1e-4)
+    np.mean(source.true_bits_per_token_of(source.eval_batches(256, 256)[0]["tokens"])), rel=1e-4
+  )
   assert abs(pair["difference_bits_per_token"]) < 4 * pair["difference_bits_per_token_stderr"]
-  assert pair["difference_bits_per_token_stderr"] < results["nelbo_bits_per_token_stderr"]  # Paired.
+  assert (
+    pair["difference_bits_per_token_stderr"] < results["nelbo_bits_per_token_stderr"]
+  )  # Paired.
   assert pair["ratio"] == pytest.approx(1.0, abs=4 * pair["ratio_stderr"])
   assert "## Side by side with the AR judge" in report.render(results)
   profile = results["loss_profile"]
-  assert len(profile["bits_per_token"]) == 10 and profile["t_edges"][0] == 0 and profile["t_edges"][-1] == 1
+  assert (
+    len(profile["bits_per_token"]) == 10
+    and profile["t_edges"][0] == 0
+    and profile["t_edges"][-1] == 1
+  )
   # With the exact denoiser the continuous bound is tight: the mean over bins is the entropy.
   assert profile["mean_bits_per_token"] == pytest.approx(
-      results["true_bits_per_token"], abs=4 * profile["mean_stderr"])
+    results["true_bits_per_token"], abs=4 * profile["mean_stderr"]
+  )
   # Linear schedule: bin value = E[CE per masked token at t], which grows as context is masked.
   first, last = profile["bits_per_token"][0], profile["bits_per_token"][-1]
   assert last - first > 4 * math.hypot(profile["stderr"][0], profile["stderr"][-1])
@@ -176,15 +215,18 @@ def test_profile_draws_t_inside_each_bin():
 def test_profile_mean_agrees_with_the_t_estimator():
   config = tiny_config(num_sequences=128, batch_size=64, num_mc_samples=4, profile_bins=16)
   mesh, model, params = untrained(config)
-  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
-                              sources.make_source(config), mesh)
+  results = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, sources.make_source(config), mesh
+  )
   profile, standard = results["loss_profile"], results["estimators"]["standard"]
   assert profile["mean_bits_per_token"] == pytest.approx(
-      standard["bits_per_token"], abs=4 * math.hypot(profile["mean_stderr"], standard["stderr"]))
+    standard["bits_per_token"], abs=4 * math.hypot(profile["mean_stderr"], standard["stderr"])
+  )
   config = tiny_config(profile_bins=0)
   mesh, model, params = untrained(config)
-  off = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params,
-                          sources.make_source(config), mesh)
+  off = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, sources.make_source(config), mesh
+  )
   assert "loss_profile" not in off and "Per-t" not in report.render(off)
 
 
@@ -196,18 +238,33 @@ def test_bits_per_byte_counts_utf8_bytes(tmp_path):
   config = tiny_config(num_sequences=16, discrete_steps="", profile_bins=0)
   config.data.dataset, config.data.path = "localtext", str(tmp_path / "corpus.txt")
   config.data.tokenizer, config.data.packing = "char", "concat"
-  config.data.vocab_size = len(set(text) - {"\n"}) + 1  # Its characters (lines are documents) and EOS.
+  config.data.vocab_size = (
+    len(set(text) - {"\n"}) + 1
+  )  # Its characters (lines are documents) and EOS.
   source = sources.make_source(config, str(tmp_path / "work"))
   mesh, model, params = untrained(config)
-  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
+  results = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+  )
   # The scored rows' own text, counted independently: EOS reads as a line break.
-  rows = np.concatenate([b["tokens"][b["editable"].astype(bool)]
-                         for b in source.eval_batches(16, config.eval.batch_size)])
-  row_text = "".join(source.tokenizer.alphabet[i] if i < len(source.tokenizer.alphabet) else "\n"
-                     for i in rows)
-  assert results["num_bytes"] == len(row_text.encode("utf-8")) > results["num_characters"] == len(row_text)
+  rows = np.concatenate(
+    [
+      b["tokens"][b["editable"].astype(bool)]
+      for b in source.eval_batches(16, config.eval.batch_size)
+    ]
+  )
+  row_text = "".join(
+    source.tokenizer.alphabet[i] if i < len(source.tokenizer.alphabet) else "\n" for i in rows
+  )
+  assert (
+    results["num_bytes"]
+    == len(row_text.encode("utf-8"))
+    > results["num_characters"]
+    == len(row_text)
+  )
   assert results["bits_per_byte"] * results["num_bytes"] == pytest.approx(
-      results["bits_per_character"] * results["num_characters"])
+    results["bits_per_character"] * results["num_characters"]
+  )
   assert "bits/byte" in report.render(results)
 
 
@@ -216,8 +273,13 @@ def test_judge_must_model_the_same_data():
   source = sources.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
   judge_config.data.language_seed = 1
-  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {},
-                         sharding.make_mesh(config, jax.devices()[:1]), workdir="other")
+  judge = evaluate.Judge(
+    judge_config,
+    oracles.OracleChain(source.language),
+    {},
+    sharding.make_mesh(config, jax.devices()[:1]),
+    workdir="other",
+  )
   with pytest.raises(ValueError, match="data.language_seed=1"):
     judge.check_compatible(config, config.data.seq_len)
 
@@ -241,22 +303,41 @@ def test_report_labels_bounds_and_states_the_estimator():
   config = tiny_config(discrete_steps="10")
   mesh, model, params = untrained(config)
   source = sources.make_source(config)
-  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh)
+  results = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+  )
   text = report.render({"step": 7, **results})
   assert "# Evaluation at step 7" in text
-  assert f"≤ {results['nelbo_bits_per_token']:.4f} ± {results['nelbo_bits_per_token_stderr']:.4f}" in text
+  assert (
+    f"≤ {results['nelbo_bits_per_token']:.4f} ± {results['nelbo_bits_per_token_stderr']:.4f}"
+    in text
+  )
   assert "K = 2 Monte Carlo draws" in text and "mask-count estimator" in text
   assert f"{results['true_bits_per_token']:.4f}" in text and "gap to the entropy" in text
   assert "| 10 | ≤ " in text and "t-estimator" in text
 
 
 def test_plots_write_valid_pngs(tmp_path):
-  records = [{"step": s, "loss": 2.0 / s, "nelbo_bits_per_token": 3.0 / s, "grad_norm": 1.0,
-              "learning_rate": 1e-3} for s in (5, 10)]
+  records = [
+    {
+      "step": s,
+      "loss": 2.0 / s,
+      "nelbo_bits_per_token": 3.0 / s,
+      "grad_norm": 1.0,
+      "learning_rate": 1e-3,
+    }
+    for s in (5, 10)
+  ]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-  results = {"nelbo_bits_per_token": 2.0, "nelbo_bits_per_token_stderr": 0.1, "true_bits_per_token": 1.9,
-             "discrete_time": {"10": {"bits_per_token": 2.3, "stderr": 0.1},
-                               "1000": {"bits_per_token": 2.01, "stderr": 0.1}}}
+  results = {
+    "nelbo_bits_per_token": 2.0,
+    "nelbo_bits_per_token_stderr": 0.1,
+    "true_bits_per_token": 1.9,
+    "discrete_time": {
+      "10": {"bits_per_token": 2.3, "stderr": 0.1},
+      "1000": {"bits_per_token": 2.01, "stderr": 0.1},
+    },
+  }
   (tmp_path / "eval.json").write_text(json.dumps(results))
   written = plots.write_all(tmp_path)
   assert sorted(p.name for p in written) == ["nelbo_vs_steps.png", "training_curves.png"]

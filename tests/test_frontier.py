@@ -4,15 +4,13 @@ import json
 import math
 
 import numpy as np
+import oracles
 import pytest
 
 from md4jax import config_lib
 from md4jax.data import sources
-from md4jax.evaluation import evaluate
-from md4jax.evaluation import frontier
+from md4jax.evaluation import evaluate, frontier
 from md4jax.runtime import sharding
-
-import oracles
 
 
 def oracle_setup(model_type="mdm", **frontier_overrides):
@@ -25,27 +23,45 @@ def oracle_setup(model_type="mdm", **frontier_overrides):
   config_lib.validate_config(config, num_devices=1)
   source = sources.make_source(config)
   judge_config = config_lib.load_config("tiny_ar")
-  judge = evaluate.Judge(judge_config, oracles.OracleChain(source.language), {}, sharding.make_mesh(config),
-                         workdir="oracle")
+  judge = evaluate.Judge(
+    judge_config,
+    oracles.OracleChain(source.language),
+    {},
+    sharding.make_mesh(config),
+    workdir="oracle",
+  )
   return config, source, judge
 
 
 def test_sweep_settings():
   config = config_lib.load_config("tiny")
-  config.frontier.methods, config.frontier.num_steps, config.frontier.temperatures = "ancestral,cached", "4,8", "1"
+  config.frontier.methods, config.frontier.num_steps, config.frontier.temperatures = (
+    "ancestral,cached",
+    "4,8",
+    "1",
+  )
   settings = frontier.sweep_settings(config)
   assert [(s["method"], s["num_steps"]) for s in settings] == [
-      ("ancestral", 4), ("ancestral", 8), ("cached", 4), ("cached", 8)]
+    ("ancestral", 4),
+    ("ancestral", 8),
+    ("cached", 4),
+    ("cached", 8),
+  ]
   config.model.type = "ar"
   config.frontier.temperatures = "0.9, 1.1"
   assert frontier.sweep_settings(config) == [
-      {"method": "ar", "num_steps": None, "threshold": None, "temperature": 0.9},
-      {"method": "ar", "num_steps": None, "threshold": None, "temperature": 1.1}]
+    {"method": "ar", "num_steps": None, "threshold": None, "temperature": 0.9},
+    {"method": "ar", "num_steps": None, "threshold": None, "temperature": 1.1},
+  ]
   config.model.type = "mdm"
   config.frontier.methods, config.frontier.thresholds, config.frontier.temperatures = (
-      "first_hitting,threshold", "0.5,0.9", "1")
-  assert [(s["method"], s["num_steps"], s["threshold"]) for s in frontier.sweep_settings(config)] == [
-      ("first_hitting", None, None), ("threshold", None, 0.5), ("threshold", None, 0.9)]
+    "first_hitting,threshold",
+    "0.5,0.9",
+    "1",
+  )
+  assert [
+    (s["method"], s["num_steps"], s["threshold"]) for s in frontier.sweep_settings(config)
+  ] == [("first_hitting", None, None), ("threshold", None, 0.5), ("threshold", None, 0.9)]
 
 
 def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):
@@ -55,12 +71,16 @@ def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):
   results = frontier.run(config, oracles.OracleDenoiser(source.language), {}, source, judge)
   cold, exact = results["points"]
   assert (cold["temperature"], exact["temperature"]) == (0.5, 1.0)
-  truth = 2 ** source.true_bits_per_token
-  assert exact["generative_perplexity"] == pytest.approx(truth, abs=3 * exact["generative_perplexity_stderr"])
+  truth = 2**source.true_bits_per_token
+  assert exact["generative_perplexity"] == pytest.approx(
+    truth, abs=3 * exact["generative_perplexity_stderr"]
+  )
   # The judge is the true chain: its perplexity is the exact one.
   assert exact["generative_perplexity"] == pytest.approx(exact["true_perplexity"], rel=1e-4)
   # Equal-length rows: the judge's ratio SE and the true law's delta-method SE are one quantity.
-  assert exact["generative_perplexity_stderr"] == pytest.approx(exact["true_perplexity_stderr"], rel=1e-3)
+  assert exact["generative_perplexity_stderr"] == pytest.approx(
+    exact["true_perplexity_stderr"], rel=1e-3
+  )
   # Held-out rows are exact draws too: the same point within SE.
   reference = results["data"]
   assert reference["num_rows"] == 256
@@ -69,7 +89,9 @@ def test_exact_samples_reach_the_entropy_and_cooling_lowers_it(tmp_path):
     assert exact[name] == pytest.approx(reference[name], abs=slack)
   # Temperature 0.5 buys a lower perplexity with lower entropy: not better samples.
   for name in ("generative_perplexity", "sample_entropy"):
-    assert cold[name] < exact[name] - 3 * math.hypot(cold[f"{name}_stderr"], exact[f"{name}_stderr"])
+    assert cold[name] < exact[name] - 3 * math.hypot(
+      cold[f"{name}_stderr"], exact[f"{name}_stderr"]
+    )
   assert exact["nfe"] == 16 and results["judge_workdir"] == "oracle"
 
   json_path, png_path = frontier.write(tmp_path, results)
@@ -82,8 +104,10 @@ def test_ar_sweep_with_the_oracle_chain():
   results = frontier.run(config, oracles.OracleChain(source.language), {}, source, judge)
   [point] = results["points"]
   assert point["method"] == "ar" and point["nfe"] == config.data.seq_len
-  truth = 2 ** source.true_bits_per_token
-  assert point["generative_perplexity"] == pytest.approx(truth, abs=3 * point["generative_perplexity_stderr"])
+  truth = 2**source.true_bits_per_token
+  assert point["generative_perplexity"] == pytest.approx(
+    truth, abs=3 * point["generative_perplexity_stderr"]
+  )
 
 
 def test_without_judge_scores_by_the_true_law_or_fails():
@@ -126,5 +150,6 @@ def test_judge_scores_rows_exactly_over_the_mesh_and_skips_the_prompt():
   prompt_nats = -np.asarray(language.log_prob(tokens[:, :4]), np.float64)
   scored = judge.score(tokens, prompt_length=4)
   assert scored["generative_perplexity"] == pytest.approx(
-      math.exp((-log_p - prompt_nats).sum() / (3 * 12)), rel=1e-5)
+    math.exp((-log_p - prompt_nats).sum() / (3 * 12)), rel=1e-5
+  )
   assert scored["sample_entropy"] == pytest.approx(np.mean([0.0, 0.0, 1.0]))  # Over the 12 tokens.

@@ -26,6 +26,7 @@ def test_ar_sample_is_causal_and_in_vocab():
   greedy.sample.temperature = 0.0
   sequence = generate.generate(greedy, model, state.params, source, jax.random.PRNGKey(1))[0][0]
   # Greedy decoding: each token is the argmax of the model given the tokens before it.
-  logits = model.apply({"params": state.params},
-                       objective.ar_inputs(sequence[None], config.data.vocab_size))[0]
+  logits = model.apply(
+    {"params": state.params}, objective.ar_inputs(sequence[None], config.data.vocab_size)
+  )[0]
   np.testing.assert_array_equal(jnp.argmax(logits, -1), sequence)

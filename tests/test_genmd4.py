@@ -6,18 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from md4jax import config_lib
-from md4jax.diffusion import bounds
-from md4jax.diffusion import genmd4
-from md4jax.diffusion import groundtruth
-from md4jax.diffusion import masking
-from md4jax.diffusion import schedules
-from md4jax.sampling import categorical
-from md4jax.sampling import samplers
-from md4jax.training import objective
 import test_sampling  # pylint: disable=g-bad-import-order
 import test_train  # pylint: disable=g-bad-import-order  (tests/ is on sys.path under pytest)
+
+from md4jax import config_lib
+from md4jax.diffusion import bounds, genmd4, groundtruth, masking, schedules
+from md4jax.sampling import categorical, samplers
+from md4jax.training import objective
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -37,9 +32,12 @@ def schedule():
 
 def test_schedule_is_per_token_and_validates_its_exponents(schedule):
   t = jnp.array([0.25, 0.5])
-  np.testing.assert_allclose(schedule.alpha(t), 1.0 - np.asarray(t)[:, None] ** np.asarray(EXPONENTS),
-                             rtol=1e-6)
-  np.testing.assert_allclose(schedule.weight(jnp.float32(0.5)), np.asarray(EXPONENTS) / 0.5, rtol=1e-6)
+  np.testing.assert_allclose(
+    schedule.alpha(t), 1.0 - np.asarray(t)[:, None] ** np.asarray(EXPONENTS), rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    schedule.weight(jnp.float32(0.5)), np.asarray(EXPONENTS) / 0.5, rtol=1e-6
+  )
   # α′ analytic against a finite difference of α.
   h = 1e-3
   numeric = (schedule.alpha(jnp.float32(0.6 + h)) - schedule.alpha(jnp.float32(0.6 - h))) / (2 * h)
@@ -59,15 +57,23 @@ def test_shared_exponent_is_polyK_to_float_precision(language):
   time_free = language.denoise_fn(MASK_ID)
   for num_steps in (None, 8):
     key = jax.random.PRNGKey(num_steps or 1)
-    genmd4_nats = bounds.nelbo(key, time_free, x, shared, mask_id=MASK_ID, num_steps=num_steps,
-                                  reconstruction_time=0.0)
+    genmd4_nats = bounds.nelbo(
+      key, time_free, x, shared, mask_id=MASK_ID, num_steps=num_steps, reconstruction_time=0.0
+    )
     poly_nats = bounds.nelbo(key, time_free, x, poly, mask_id=MASK_ID, num_steps=num_steps)
     np.testing.assert_allclose(genmd4_nats, poly_nats, rtol=2e-5, atol=2e-5)
   t = jnp.full((256,), 0.4)
-  z, _ = genmd4.corrupt(masking.row_keys(jax.random.PRNGKey(3), 256), x, shared, t, mask_id=MASK_ID,
-                        editable=jnp.ones(x.shape, bool))
-  z_poly = masking.corrupt(masking.row_keys(jax.random.PRNGKey(3), 256), x, poly.alpha(t),
-                           mask_id=MASK_ID)
+  z, _ = genmd4.corrupt(
+    masking.row_keys(jax.random.PRNGKey(3), 256),
+    x,
+    shared,
+    t,
+    mask_id=MASK_ID,
+    editable=jnp.ones(x.shape, bool),
+  )
+  z_poly = masking.corrupt(
+    masking.row_keys(jax.random.PRNGKey(3), 256), x, poly.alpha(t), mask_id=MASK_ID
+  )
   np.testing.assert_array_equal(z, z_poly)
 
 
@@ -79,7 +85,8 @@ def test_oracle_is_the_brute_force_posterior(language, schedule):
   every = jnp.array(list(itertools.product(range(VOCAB), repeat=length)))
   hidden = schedule.mask_prob(t)[0]
   weight = jnp.exp(language.log_prob(every)) * jnp.where(
-      z == MASK_ID, hidden[every], (every == z).astype(jnp.float32)).prod(-1)
+    z == MASK_ID, hidden[every], (every == z).astype(jnp.float32)
+  ).prod(-1)
   posterior = jax.nn.softmax(language.denoise_fn(MASK_ID, schedule)(z, t)[0], axis=-1)
   for position in (0, 2, 3):
     brute = np.array([weight[every[:, position] == v].sum() for v in range(VOCAB)]) / weight.sum()
@@ -89,9 +96,12 @@ def test_oracle_is_the_brute_force_posterior(language, schedule):
 def _nelbo_minus_exact(language, schedule, num_steps, num_draws, num_sequences=2000):
   x = language.sample(jax.random.PRNGKey(0), num_sequences, LENGTH)
   denoise_fn = language.denoise_fn(MASK_ID, schedule)
-  draw = jax.jit(lambda key: bounds.nelbo(key, denoise_fn, x, schedule, mask_id=MASK_ID,
-                                             num_steps=num_steps))
-  estimate = np.mean([np.asarray(draw(jax.random.PRNGKey(i)), np.float64) for i in range(num_draws)], 0)
+  draw = jax.jit(
+    lambda key: bounds.nelbo(key, denoise_fn, x, schedule, mask_id=MASK_ID, num_steps=num_steps)
+  )
+  estimate = np.mean(
+    [np.asarray(draw(jax.random.PRNGKey(i)), np.float64) for i in range(num_draws)], 0
+  )
   gap = estimate + np.asarray(language.log_prob(x), np.float64)
   return gap.mean(), gap.std(ddof=1) / np.sqrt(gap.size)
 
@@ -109,8 +119,14 @@ def test_oracle_nelbo_is_the_exact_nll_and_discrete_bounds_lie_above(language, s
 def test_state_dependent_bound_refuses_other_estimators(language, schedule):
   x = language.sample(jax.random.PRNGKey(0), 4, LENGTH)
   with pytest.raises(ValueError, match="has its own bound"):
-    bounds.nelbo(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), x, schedule,
-                    mask_id=MASK_ID, estimator="mask_count")
+    bounds.nelbo(
+      jax.random.PRNGKey(0),
+      language.denoise_fn(MASK_ID, schedule),
+      x,
+      schedule,
+      mask_id=MASK_ID,
+      estimator="mask_count",
+    )
 
 
 # ---- The gradient of the exponents against a finite difference of the exact bound ----
@@ -123,8 +139,8 @@ def _exact_bound(oracle, exponents, num_nodes=96):
   schedule = schedules.get_schedule("tokenpoly", exponents=exponents)
   nodes, weights = np.polynomial.legendre.leggauss(num_nodes)
   s, weights = (nodes + 1) / 2, weights / 2
-  t = EPS + (1 - EPS) * s ** 4  # t − ε ∝ s⁴ smooths the t^(w−1) singularity at small t.
-  dt = (1 - EPS) * 4 * s ** 3 * weights
+  t = EPS + (1 - EPS) * s**4  # t − ε ∝ s⁴ smooths the t^(w−1) singularity at small t.
+  dt = (1 - EPS) * 4 * s**3 * weights
   patterns = np.array(list(itertools.product([False, True], repeat=GRAD_LENGTH)))
 
   def expected(times, per_sequence):
@@ -132,16 +148,26 @@ def _exact_bound(oracle, exponents, num_nodes=96):
     shape = (GRAD_SEQUENCES.shape[0], patterns.shape[0], times.size, GRAD_LENGTH)
     x = jnp.broadcast_to(GRAD_SEQUENCES[:, None, None, :], shape).reshape(-1, GRAD_LENGTH)
     masked = jnp.broadcast_to(patterns[None, :, None, :], shape).reshape(-1, GRAD_LENGTH)
-    flat_times = jnp.broadcast_to(jnp.asarray(times, jnp.float32)[None, None, :], shape[:3]).reshape(-1)
+    flat_times = jnp.broadcast_to(
+      jnp.asarray(times, jnp.float32)[None, None, :], shape[:3]
+    ).reshape(-1)
     z = jnp.where(masked, GRAD_VOCAB, x)
     mask_prob = genmd4.position_mask_prob(schedule, flat_times, x)
     q = jnp.where(masked, mask_prob, 1 - mask_prob).prod(-1)
     return (q * per_sequence(oracle(z, flat_times), x, z, flat_times)).reshape(shape[:3]).sum(1)
 
-  main = expected(t, lambda logits, x, z, times: genmd4.continuous_integrand(
-      logits, x, z, schedule, times, mask_id=GRAD_VOCAB))
-  recon = expected(np.array([EPS]), lambda logits, x, z, times: masking.masked_cross_entropy(
-      logits, x, z, mask_id=GRAD_VOCAB).sum(-1))
+  main = expected(
+    t,
+    lambda logits, x, z, times: genmd4.continuous_integrand(
+      logits, x, z, schedule, times, mask_id=GRAD_VOCAB
+    ),
+  )
+  recon = expected(
+    np.array([EPS]),
+    lambda logits, x, z, times: masking.masked_cross_entropy(logits, x, z, mask_id=GRAD_VOCAB).sum(
+      -1
+    ),
+  )
   return ((main * jnp.asarray(dt, jnp.float32)).sum() + recon.sum()) / GRAD_SEQUENCES.shape[0]
 
 
@@ -157,8 +183,17 @@ def _gradient_draws(oracle, exponents, gradient, num_draws=24, repeats=2000):
     schedule = schedules.get_schedule("tokenpoly", exponents=w)
     u = masking.sample_times(key, x.shape[0], "stratified")
     keys = masking.row_keys(jax.random.fold_in(key, 1), x.shape[0])
-    nats, surrogate = genmd4.surrogate(keys, oracle, x, schedule, u, jnp.ones(x.shape, bool),
-                                       mask_id=GRAD_VOCAB, gradient=gradient, reconstruction_time=EPS)
+    nats, surrogate = genmd4.surrogate(
+      keys,
+      oracle,
+      x,
+      schedule,
+      u,
+      jnp.ones(x.shape, bool),
+      mask_id=GRAD_VOCAB,
+      gradient=gradient,
+      reconstruction_time=EPS,
+    )
     return surrogate.mean(), nats.mean()
 
   step = jax.jit(jax.value_and_grad(loss, has_aux=True))
@@ -173,13 +208,17 @@ def _gradient_draws(oracle, exponents, gradient, num_draws=24, repeats=2000):
 def gradient_setup():
   language = groundtruth.MarkovLanguage(GRAD_VOCAB, seed=1)
   # The denoiser is the exact posterior for other exponents, so the bound is not at its minimum.
-  oracle = language.denoise_fn(GRAD_VOCAB, schedules.get_schedule(
-      "tokenpoly", exponents=jnp.array([0.6, 1.0, 2.0])))
+  oracle = language.denoise_fn(
+    GRAD_VOCAB, schedules.get_schedule("tokenpoly", exponents=jnp.array([0.6, 1.0, 2.0]))
+  )
   exponents = jnp.array([1.2, 0.7, 1.5])
   h = 1e-2
-  finite_difference = np.array([
+  finite_difference = np.array(
+    [
       (_exact_bound(oracle, exponents + h * e) - _exact_bound(oracle, exponents - h * e)) / (2 * h)
-      for e in np.eye(GRAD_VOCAB)])
+      for e in np.eye(GRAD_VOCAB)
+    ]
+  )
   return oracle, exponents, finite_difference
 
 
@@ -197,9 +236,18 @@ def test_exponent_gradient_matches_finite_difference_of_exact_bound(gradient_set
 
 # ---- The sampler ----
 def _samples(language, schedule, num_steps, batch_size=4000, **kwargs):
-  run = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID, schedule), batch_size=batch_size, length=LENGTH,
-      schedule=schedule, mask_id=MASK_ID, num_steps=num_steps, **kwargs))
+  run = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID, schedule),
+      batch_size=batch_size,
+      length=LENGTH,
+      schedule=schedule,
+      mask_id=MASK_ID,
+      num_steps=num_steps,
+      **kwargs,
+    )
+  )
   tokens, info = run(jax.random.PRNGKey(5))
   return np.asarray(tokens), int(info["nfe"])
 
@@ -214,7 +262,9 @@ def test_sampler_with_many_steps_draws_the_chain(language, schedule):
   test_sampling.assert_bigrams_follow_the_chain(language, tokens)
   few, _ = _samples(language, schedule, 4)
   few_nll = -np.asarray(language.log_prob(few), np.float64)
-  assert few_nll.mean() - language.entropy(LENGTH) > 10 * few_nll.std(ddof=1) / np.sqrt(few_nll.size)
+  assert few_nll.mean() - language.entropy(LENGTH) > 10 * few_nll.std(ddof=1) / np.sqrt(
+    few_nll.size
+  )
 
 
 def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule):
@@ -222,9 +272,19 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
   prompt = jnp.full((LENGTH,), MASK_ID).at[0].set(3).at[5].set(1)
   key, num_steps, batch = jax.random.PRNGKey(2), 6, 64
   denoise_fn = language.denoise_fn(MASK_ID, schedule)
-  tokens, info = jax.jit(lambda k: samplers.sample(
-      k, denoise_fn, batch_size=batch, length=LENGTH, schedule=schedule, mask_id=MASK_ID,
-      num_steps=num_steps, prompt=prompt, record_trajectory=True))(key)
+  tokens, info = jax.jit(
+    lambda k: samplers.sample(
+      k,
+      denoise_fn,
+      batch_size=batch,
+      length=LENGTH,
+      schedule=schedule,
+      mask_id=MASK_ID,
+      num_steps=num_steps,
+      prompt=prompt,
+      record_trajectory=True,
+    )
+  )(key)
   z = jnp.broadcast_to(prompt, (batch, LENGTH)).astype(jnp.int32)
   grid = samplers.time_grid(num_steps)
   for step in range(num_steps, 0, -1):
@@ -244,8 +304,16 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
 def test_sampler_refuses_methods_that_assume_one_mask_rate(language, schedule):
   for method in ("cached", "first_hitting", "confidence"):
     with pytest.raises(ValueError, match="samples with method='ancestral' only"):
-      samplers.sample(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID, schedule), batch_size=2,
-                      length=LENGTH, schedule=schedule, mask_id=MASK_ID, method=method, num_steps=4)
+      samplers.sample(
+        jax.random.PRNGKey(0),
+        language.denoise_fn(MASK_ID, schedule),
+        batch_size=2,
+        length=LENGTH,
+        schedule=schedule,
+        mask_id=MASK_ID,
+        method=method,
+        num_steps=4,
+      )
 
 
 # ---- Training with a learned schedule ----
@@ -284,11 +352,13 @@ def test_learned_schedule_trains_its_exponents_and_reports_the_nelbo():
 def test_learned_schedule_config_is_validated():
   config = _learned_config()
   config_lib.validate_config(config, 1)
-  for key, value, message in [("model.time_conditioning", "none", "needs a time-conditioned denoiser"),
-                              ("eval.estimator", "mask_count", "has its own bound"),
-                              ("sample.method", "first_hitting", "'ancestral' only"),
-                              ("diffusion.exponent_gradient", "pathwise", "exponent_gradient"),
-                              ("diffusion.exponent_init", 0.0, "exponent_init must be > 0")]:
+  for key, value, message in [
+    ("model.time_conditioning", "none", "needs a time-conditioned denoiser"),
+    ("eval.estimator", "mask_count", "has its own bound"),
+    ("sample.method", "first_hitting", "'ancestral' only"),
+    ("diffusion.exponent_gradient", "pathwise", "exponent_gradient"),
+    ("diffusion.exponent_init", 0.0, "exponent_init must be > 0"),
+  ]:
     bad = config_lib.load_config("tiny")
     bad.update(config)
     section, name = key.split(".")
@@ -297,4 +367,6 @@ def test_learned_schedule_config_is_validated():
       config_lib.validate_config(bad, 1)
   saved = config_lib.load_config("tiny").to_dict()  # A linear-schedule checkpoint.
   assert config_lib.resume_changes(saved, config) == [
-      "model.time_conditioning: 'none' → 'adaln'", "diffusion.schedule: 'linear' → 'learned_tokenpoly'"]
+    "model.time_conditioning: 'none' → 'adaln'",
+    "diffusion.schedule: 'linear' → 'learned_tokenpoly'",
+  ]

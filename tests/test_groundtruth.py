@@ -5,6 +5,7 @@ checks use tolerances derived from the sample itself: 4 Monte Carlo standard
 errors for a mean, and Pearson chi-square critical values at p = 1e-4
 (scipy.stats.chi2) for counts.
 """
+
 import itertools
 
 import jax
@@ -16,8 +17,8 @@ from scipy import stats
 from md4jax.diffusion import groundtruth
 from md4jax.diffusion.groundtruth import MarkovLanguage
 
-P_VALUE = 1e-4        # chi-square tests reject (falsely) with this probability
-MIN_EXPECTED = 5.0    # cells with a smaller expected count are merged
+P_VALUE = 1e-4  # chi-square tests reject (falsely) with this probability
+MIN_EXPECTED = 5.0  # cells with a smaller expected count are merged
 
 
 # ---------------------------------------------------------------- helpers
@@ -41,7 +42,9 @@ def _brute_conditional(all_x, p, z, mask_id):
   w = np.where(compatible, p, 0.0)
   w = w / w.sum()
   vocab_size = int(all_x.max()) + 1
-  return np.stack([np.bincount(all_x[:, l], weights=w, minlength=vocab_size) for l in range(z.shape[0])])
+  return np.stack(
+    [np.bincount(all_x[:, l], weights=w, minlength=vocab_size) for l in range(z.shape[0])]
+  )
 
 
 def _pearson_merged(observed, expected, min_expected=MIN_EXPECTED):
@@ -84,18 +87,20 @@ def _oracle_patterns(lang, length, seed=0):
   x = np.asarray(lang.sample(jax.random.key(seed), 8, length))
   rand_tokens = rng.integers(0, V, size=(4, length))  # visible tokens of low probability too
   rows = []
+
   def masked(tokens, mask):
     return np.where(mask, m, tokens)
+
   L = length
   idx = np.arange(L)
-  rows.append(np.full(L, m))                                   # all masked
-  rows.append(x[0].copy())                                     # none masked
-  rows.append(masked(x[1], idx == 0))                          # first only
-  rows.append(masked(x[2], idx == L - 1))                      # last only
-  rows.append(masked(x[3], (idx == 0) | (idx == L - 1)))       # both edges
-  rows.append(masked(x[4], (idx > 0) & (idx < L - 1)))         # interior, edges visible
-  rows.append(masked(x[5], idx % 2 == 0))                      # alternating
-  rows.append(masked(x[6], idx != L // 2))                     # only the middle visible
+  rows.append(np.full(L, m))  # all masked
+  rows.append(x[0].copy())  # none masked
+  rows.append(masked(x[1], idx == 0))  # first only
+  rows.append(masked(x[2], idx == L - 1))  # last only
+  rows.append(masked(x[3], (idx == 0) | (idx == L - 1)))  # both edges
+  rows.append(masked(x[4], (idx > 0) & (idx < L - 1)))  # interior, edges visible
+  rows.append(masked(x[5], idx % 2 == 0))  # alternating
+  rows.append(masked(x[6], idx != L // 2))  # only the middle visible
   for k in range(4):
     rows.append(masked(x[7] if k == 0 else rand_tokens[k], rng.random(L) < 0.5))
   rows.append(masked(rand_tokens[0], rng.random(L) < 0.3))
@@ -161,14 +166,22 @@ def test_same_seed_same_language_different_seed_different():
   np.testing.assert_array_equal(a.initial, b.initial)
   assert not np.allclose(a.transition, c.transition)
   key = jax.random.key(3)
-  np.testing.assert_array_equal(np.asarray(a.sample(key, 64, 10)), np.asarray(b.sample(key, 64, 10)))
+  np.testing.assert_array_equal(
+    np.asarray(a.sample(key, 64, 10)), np.asarray(b.sample(key, 64, 10))
+  )
   # Different keys give different samples.
-  assert not np.array_equal(np.asarray(a.sample(key, 64, 10)), np.asarray(a.sample(jax.random.key(4), 64, 10)))
+  assert not np.array_equal(
+    np.asarray(a.sample(key, 64, 10)), np.asarray(a.sample(jax.random.key(4), 64, 10))
+  )
 
 
 def test_constructor_validation():
-  for bad in [dict(vocab_size=1), dict(vocab_size=4, concentration=0.0),
-              dict(vocab_size=4, smoothing=0.0), dict(vocab_size=4, smoothing=1.5)]:
+  for bad in [
+    dict(vocab_size=1),
+    dict(vocab_size=4, concentration=0.0),
+    dict(vocab_size=4, smoothing=0.0),
+    dict(vocab_size=4, smoothing=1.5),
+  ]:
     with pytest.raises(ValueError):
       MarkovLanguage(**bad)
 
@@ -236,10 +249,11 @@ def test_sample_thresholds_give_every_probability_to_2_to_the_minus_32():
   for law in (lang.transition, lang.initial[None]):
     thresholds = np.asarray(groundtruth._thresholds(law), np.float64)
     assert np.all(np.diff(thresholds, axis=-1) >= 0)
-    edges = np.pad(thresholds, ((0, 0), (1, 0))), np.full(thresholds.shape[:1] + (1,), 2.0 ** 32)
-    implied = np.diff(np.concatenate(edges, axis=-1), axis=-1) / 2.0 ** 32
-    assert np.abs(implied - law).max() <= 2.0 ** -32 + 1e-15
+    edges = np.pad(thresholds, ((0, 0), (1, 0))), np.full(thresholds.shape[:1] + (1,), 2.0**32)
+    implied = np.diff(np.concatenate(edges, axis=-1), axis=-1) / 2.0**32
+    assert np.abs(implied - law).max() <= 2.0**-32 + 1e-15
   assert lang.transition.min() < 1e-4  # The test covers the small probabilities.
+
 
 # ---------------------------------------------------------------- oracle denoiser
 def test_oracle_matches_brute_force_conditional():
@@ -261,7 +275,9 @@ def test_oracle_matches_brute_force_conditional():
     assert np.all(probs[b, vis, z[b, vis]] >= 1 - 1e-6), (z[b], probs[b, vis])
   # The patterns include all-masked (= stationary marginal everywhere) and none-masked.
   assert np.all(z[0] == m) and np.all(z[1] != m)
-  np.testing.assert_allclose(probs[0], np.broadcast_to(LANG4.initial, (ORACLE_LENGTH, 4)), atol=1e-5)
+  np.testing.assert_allclose(
+    probs[0], np.broadcast_to(LANG4.initial, (ORACLE_LENGTH, 4)), atol=1e-5
+  )
 
 
 def test_oracle_jit_batch_and_alpha_independence():
@@ -271,12 +287,16 @@ def test_oracle_jit_batch_and_alpha_independence():
   jitted = np.asarray(jax.nn.softmax(jax.jit(f)(z, None), -1))
   np.testing.assert_allclose(jitted, eager, atol=1e-6)
   # Batched call == one row at a time.
-  rows = np.concatenate([np.asarray(jax.nn.softmax(f(z[b:b + 1], None), -1)) for b in range(z.shape[0])])
+  rows = np.concatenate(
+    [np.asarray(jax.nn.softmax(f(z[b : b + 1], None), -1)) for b in range(z.shape[0])]
+  )
   np.testing.assert_allclose(eager, rows, atol=1e-6)
   # alpha is ignored: None, an array of different values, and under jit.
   alpha = jnp.linspace(0.05, 0.95, z.shape[0])
   np.testing.assert_array_equal(np.asarray(f(z, alpha)), np.asarray(f(z, None)))
-  np.testing.assert_array_equal(np.asarray(jax.jit(f)(z, alpha)), np.asarray(jax.jit(f)(z, 1.0 - alpha)))
+  np.testing.assert_array_equal(
+    np.asarray(jax.jit(f)(z, alpha)), np.asarray(jax.jit(f)(z, 1.0 - alpha))
+  )
 
 
 @pytest.mark.parametrize("order", ["left_to_right", "random"])
@@ -291,7 +311,9 @@ def test_oracle_chain_rule_reproduces_log_prob(order):
   f = jax.jit(lang.denoise_fn(mask_id=V))
   x = np.asarray(lang.sample(jax.random.key(5), n, L))
   rng = np.random.default_rng(0)
-  perms = np.stack([np.arange(L) if order == "left_to_right" else rng.permutation(L) for _ in range(n)])
+  perms = np.stack(
+    [np.arange(L) if order == "left_to_right" else rng.permutation(L) for _ in range(n)]
+  )
   total = np.zeros(n)
   rank = np.argsort(perms, axis=1)  # rank[b, ℓ] = step at which ℓ is revealed
   for i in range(L):

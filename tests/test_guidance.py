@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax.diffusion import groundtruth
-from md4jax.diffusion import schedules
+from md4jax.diffusion import groundtruth, schedules
 from md4jax.sampling import samplers
 
 VOCAB = 6
@@ -23,10 +22,21 @@ def language():
 
 def _responses(language, scale, prompt, method="first_hitting", num_steps=None, seed=0, n=4000):
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
-  run = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=n, length=LENGTH, mask_id=MASK_ID,
-      schedule=schedules.get_schedule("linear"), method=method, num_steps=num_steps,
-      prompt=jnp.where(given, prompt, MASK_ID), prompt_mask=given, guidance_scale=scale))
+  run = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=n,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      schedule=schedules.get_schedule("linear"),
+      method=method,
+      num_steps=num_steps,
+      prompt=jnp.where(given, prompt, MASK_ID),
+      prompt_mask=given,
+      guidance_scale=scale,
+    )
+  )
   tokens, info = run(jax.random.PRNGKey(seed))
   return np.asarray(tokens), info
 
@@ -42,10 +52,19 @@ def test_scale_zero_is_the_conditional_model_bit_for_bit(language):
   prompt = jnp.array([1, 4] + [0] * (LENGTH - 2))
   plain, _ = _responses(language, 0.0, prompt, n=64)
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
-  unguided = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=64, length=LENGTH, mask_id=MASK_ID,
-      schedule=schedules.get_schedule("linear"), method="first_hitting",
-      prompt=jnp.where(given, prompt, MASK_ID), prompt_mask=given))(jax.random.PRNGKey(0))[0]
+  unguided = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=64,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      schedule=schedules.get_schedule("linear"),
+      method="first_hitting",
+      prompt=jnp.where(given, prompt, MASK_ID),
+      prompt_mask=given,
+    )
+  )(jax.random.PRNGKey(0))[0]
   np.testing.assert_array_equal(plain, np.asarray(unguided))
 
 
@@ -69,16 +88,27 @@ def test_guidance_sharpens_the_law_towards_the_prompt(language):
     assert high - low > 4 * np.hypot(low_se, high_se), means
 
 
-@pytest.mark.parametrize("method,num_steps", [("ancestral", 16), ("jump", 16), ("confidence", 8),
-                                              ("threshold", None), ("remdm", 16)])
+@pytest.mark.parametrize(
+  "method,num_steps",
+  [("ancestral", 16), ("jump", 16), ("confidence", 8), ("threshold", None), ("remdm", 16)],
+)
 def test_guidance_works_with_every_sampler(language, method, num_steps):
   prompt = jnp.array([2, 5] + [0] * (LENGTH - 2))
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
   tokens, info = samplers.sample(
-      jax.random.PRNGKey(1), language.denoise_fn(MASK_ID), batch_size=32, length=LENGTH,
-      mask_id=MASK_ID, schedule=schedules.get_schedule("linear"), method=method,
-      num_steps=num_steps, threshold=0.9 if method == "threshold" else None,
-      prompt=jnp.where(given, prompt, MASK_ID), prompt_mask=given, guidance_scale=2.0)
+    jax.random.PRNGKey(1),
+    language.denoise_fn(MASK_ID),
+    batch_size=32,
+    length=LENGTH,
+    mask_id=MASK_ID,
+    schedule=schedules.get_schedule("linear"),
+    method=method,
+    num_steps=num_steps,
+    threshold=0.9 if method == "threshold" else None,
+    prompt=jnp.where(given, prompt, MASK_ID),
+    prompt_mask=given,
+    guidance_scale=2.0,
+  )
   tokens = np.asarray(tokens)
   assert np.all(tokens[:, :2] == [2, 5]) and tokens.max() < VOCAB
   assert int(info["nfe"]) <= samplers.max_calls(method, LENGTH, num_steps)
@@ -86,6 +116,13 @@ def test_guidance_works_with_every_sampler(language, method, num_steps):
 
 def test_guidance_needs_a_prompt(language):
   with pytest.raises(ValueError, match="guidance_scale needs a prompt"):
-    samplers.sample(jax.random.PRNGKey(0), language.denoise_fn(MASK_ID), batch_size=2,
-                    length=LENGTH, mask_id=MASK_ID, schedule=schedules.get_schedule("linear"),
-                    method="first_hitting", guidance_scale=1.0)
+    samplers.sample(
+      jax.random.PRNGKey(0),
+      language.denoise_fn(MASK_ID),
+      batch_size=2,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      schedule=schedules.get_schedule("linear"),
+      method="first_hitting",
+      guidance_scale=1.0,
+    )

@@ -12,18 +12,22 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "md4jax"
 # What each subpackage may import from md4jax, besides itself. The diffusion math and the network
 # know nothing of each other, of data or of training; the trainer knows nothing of evaluation.
 ALLOWED = {
-    "diffusion": set(),
-    "model": set(),
-    "data": {"diffusion"},
-    "runtime": {"data"},
-    "training": {"diffusion", "model", "runtime"},
-    "sampling": {"diffusion", "training", "runtime"},
-    "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "config_lib"},
+  "diffusion": set(),
+  "model": set(),
+  "data": {"diffusion"},
+  "runtime": {"data"},
+  "training": {"diffusion", "model", "runtime"},
+  "sampling": {"diffusion", "training", "runtime"},
+  "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "config_lib"},
 }
 ENTRY_POINTS = {"main", "aot", "modes"}
 # The samplers over any denoiser: only the diffusion math beneath them.
-DENOISER_GENERIC = {"sampling.samplers", "sampling.categorical", "sampling.blockwise",
-                    "sampling.trajectory"}
+DENOISER_GENERIC = {
+  "sampling.samplers",
+  "sampling.categorical",
+  "sampling.blockwise",
+  "sampling.trajectory",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -39,7 +43,7 @@ def _imports() -> dict[str, set[str]]:
     for node in ast.walk(ast.parse(path.read_text())):
       if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("md4jax"):
         continue
-      base = node.module[len("md4jax."):] if node.module != "md4jax" else ""
+      base = node.module[len("md4jax.") :] if node.module != "md4jax" else ""
       for alias in node.names:
         name = f"{base}.{alias.name}" if base else alias.name
         edges[module].add(name if name in modules else base)
@@ -97,12 +101,20 @@ def test_the_objective_and_state_know_nothing_of_the_loop_or_evaluation():
 
 
 def test_the_public_api_loads_no_data_checkpoint_or_plot_library():
-  script = ("import sys, md4jax\n"
-            "print(sorted(name for name in md4jax.__all__ if not hasattr(md4jax, name)))\n"
-            "print(sorted(m for m in ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',"
-            " 'orbax', 'orbax.checkpoint') if m in sys.modules))\n")
-  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  script = (
+    "import sys, md4jax\n"
+    "print(sorted(name for name in md4jax.__all__ if not hasattr(md4jax, name)))\n"
+    "print(sorted(m for m in ('grain', 'tensorflow_datasets', 'tensorflow', 'matplotlib',"
+    " 'orbax', 'orbax.checkpoint') if m in sys.modules))\n"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    capture_output=True,
+    text=True,
+    check=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   assert result.stdout.split("\n")[:2] == ["[]", "[]"], result.stdout
   assert {"nelbo", "sample", "get_schedule", "Transformer", "MarkovLanguage"} <= set(
-      __import__("md4jax").__all__)
+    __import__("md4jax").__all__
+  )

@@ -25,7 +25,7 @@ TPU = ROOT / "launch" / "tpu.py"
 MULTINODE = ROOT / "launch" / "multinode.sh"
 SLURM = ROOT / "launch" / "slurm.sbatch"
 
-FAKE_TOOL = r'''#!{python}
+FAKE_TOOL = r"""#!{python}
 import json, os, shutil, subprocess, sys
 tool, args = os.path.basename(sys.argv[0]), sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as f:
@@ -56,10 +56,10 @@ elif tool == "fakepy" and args[:2] == ["-m", "venv"]:  # Makes a fake venv.
   bin_dir = os.path.abspath(os.path.join(args[2], "bin"))
   with open(os.path.join(bin_dir, "activate"), "w") as f:
     f.write(f'export PATH="{{bin_dir}}:$PATH"\n')
-'''
+"""
 
 # The venv's python: records md4jax.main's arguments, prints like a trainer, may sleep.
-FAKE_PYTHON = r'''#!{python}
+FAKE_PYTHON = r"""#!{python}
 import json, os, sys, time
 if sys.argv[1:2] == ["-c"]:
   print("0.0.fake")
@@ -69,13 +69,13 @@ with open(os.environ["FAKE_PY_LOG"], "a") as f:
                       "local_device_ids": os.environ.get("JAX_LOCAL_DEVICE_IDS")}}) + "\n")
 print("fake md4jax training", flush=True)
 time.sleep(float(os.environ.get("FAKE_PY_SLEEP", "0")))
-'''
+"""
 
-FAKE_PIP = r'''#!{python}
+FAKE_PIP = r"""#!{python}
 import json, os, sys
 with open(os.environ["FAKE_LOG"], "a") as f:
   f.write(json.dumps(["pip"] + sys.argv[1:]) + "\n")
-'''
+"""
 
 
 def _write_exe(path, text):
@@ -106,10 +106,15 @@ def fake(tmp_path):
 
   class Fake:
     log, py_log = tmp_path / "calls.jsonl", tmp_path / "python.jsonl"
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOME=str(home),
-               TMPDIR=str(tmp_path), FAKE_LOG=str(tmp_path / "calls.jsonl"),
-               FAKE_PY_LOG=str(tmp_path / "python.jsonl"),
-               FAKE_VENV=str(venv_template / ".venv"))
+    env = dict(
+      os.environ,
+      PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+      HOME=str(home),
+      TMPDIR=str(tmp_path),
+      FAKE_LOG=str(tmp_path / "calls.jsonl"),
+      FAKE_PY_LOG=str(tmp_path / "python.jsonl"),
+      FAKE_VENV=str(venv_template / ".venv"),
+    )
 
     def calls(self, tool=None):
       lines = self.log.read_text().splitlines() if self.log.exists() else []
@@ -126,8 +131,14 @@ def fake(tmp_path):
 
 def tpu(fake, *args, script=TPU, cwd=ROOT, **env):
   # -S: without site-packages, which also shows tpu.py needs the standard library only.
-  return subprocess.run([sys.executable, "-S", str(script), *args], cwd=cwd, capture_output=True,
-                        text=True, env=dict(fake.env, **env), timeout=60)
+  return subprocess.run(
+    [sys.executable, "-S", str(script), *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    env=dict(fake.env, **env),
+    timeout=60,
+  )
 
 
 def lines(stdout):
@@ -136,56 +147,136 @@ def lines(stdout):
 
 COMMON = ["--name=md4", "--zone=us-west4-a"]
 SSH = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "md4"]
-TRAINER = ["--config=configs/owt.py", "--workdir=/mnt/work/my owt", "--config.mesh.fsdp=16",
-           "--config.mesh.data=1"]
+TRAINER = [
+  "--config=configs/owt.py",
+  "--workdir=/mnt/work/my owt",
+  "--config.mesh.fsdp=16",
+  "--config.mesh.data=1",
+]
 
 # tpu.py arguments -> the gcloud commands they run (those with a --command: their head).
 CASES = {
-    "create_spot": (["create", *COMMON, "--accelerator-type=v5litepod-16", "--spot"],
-                    [["gcloud", "compute", "tpus", "tpu-vm", "create", "md4",
-                      "--accelerator-type=v5litepod-16", "--version=v2-alpha-tpuv5-lite", "--spot",
-                      "--zone=us-west4-a"]]),
-    "create_queued": (["create", *COMMON, "--accelerator-type=v4-32", "--queued", "--project=p1"],
-                      [["gcloud", "compute", "tpus", "queued-resources", "create", "md4",
-                        "--node-id=md4", "--accelerator-type=v4-32",
-                        "--runtime-version=tpu-ubuntu2204-base", "--zone=us-west4-a",
-                        "--project=p1"]]),
-    "create_runtime": (["create", *COMMON, "--accelerator-type=v5p-16", "--runtime-version=mine"],
-                       [["gcloud", "compute", "tpus", "tpu-vm", "create", "md4",
-                         "--accelerator-type=v5p-16", "--version=mine", "--zone=us-west4-a"]]),
-    "status": (["status", *COMMON], [["gcloud", "compute", "tpus", "tpu-vm", "describe", "md4",
-                                      "--zone=us-west4-a"]]),
-    "setup": (["setup", *COMMON, "--repo=https://example.com/md4jax.git", "--ref=main"],
-              [[*SSH, "--worker=all", "--zone=us-west4-a", "--command"]]),
-    "run": (["run", *COMMON, "--run-name=owt", "--", *TRAINER],
-            [[*SSH, "--worker=all", "--zone=us-west4-a", "--command"]]),
-    "logs": (["logs", *COMMON, "-n", "20"],
-             [[*SSH, "--worker=0", "--zone=us-west4-a", "--command",
-               "tail -n 20 ~/md4jax_logs/latest.log"]]),
-    "logs_follow": (["logs", *COMMON, "--follow", "--worker=all", "--run-name=owt"],
-                    [[*SSH, "--worker=all", "--zone=us-west4-a", "--command",
-                      "tail -n 100 -f ~/md4jax_logs/owt.log"]]),
-    "ssh_command": (["ssh", *COMMON, "--", "df", "-h"],
-                    [[*SSH, "--worker=all", "--zone=us-west4-a", "--command", "df -h"]]),
-    "delete": (["delete", *COMMON], [["gcloud", "compute", "tpus", "tpu-vm", "delete", "md4",
-                                      "--quiet", "--zone=us-west4-a"]]),
-    "delete_queued": (["delete", *COMMON, "--queued"],
-                      [["gcloud", "compute", "tpus", "queued-resources", "delete", "md4", "--force",
-                        "--quiet", "--zone=us-west4-a"]]),
+  "create_spot": (
+    ["create", *COMMON, "--accelerator-type=v5litepod-16", "--spot"],
+    [
+      [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "create",
+        "md4",
+        "--accelerator-type=v5litepod-16",
+        "--version=v2-alpha-tpuv5-lite",
+        "--spot",
+        "--zone=us-west4-a",
+      ]
+    ],
+  ),
+  "create_queued": (
+    ["create", *COMMON, "--accelerator-type=v4-32", "--queued", "--project=p1"],
+    [
+      [
+        "gcloud",
+        "compute",
+        "tpus",
+        "queued-resources",
+        "create",
+        "md4",
+        "--node-id=md4",
+        "--accelerator-type=v4-32",
+        "--runtime-version=tpu-ubuntu2204-base",
+        "--zone=us-west4-a",
+        "--project=p1",
+      ]
+    ],
+  ),
+  "create_runtime": (
+    ["create", *COMMON, "--accelerator-type=v5p-16", "--runtime-version=mine"],
+    [
+      [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "create",
+        "md4",
+        "--accelerator-type=v5p-16",
+        "--version=mine",
+        "--zone=us-west4-a",
+      ]
+    ],
+  ),
+  "status": (
+    ["status", *COMMON],
+    [["gcloud", "compute", "tpus", "tpu-vm", "describe", "md4", "--zone=us-west4-a"]],
+  ),
+  "setup": (
+    ["setup", *COMMON, "--repo=https://example.com/md4jax.git", "--ref=main"],
+    [[*SSH, "--worker=all", "--zone=us-west4-a", "--command"]],
+  ),
+  "run": (
+    ["run", *COMMON, "--run-name=owt", "--", *TRAINER],
+    [[*SSH, "--worker=all", "--zone=us-west4-a", "--command"]],
+  ),
+  "logs": (
+    ["logs", *COMMON, "-n", "20"],
+    [[*SSH, "--worker=0", "--zone=us-west4-a", "--command", "tail -n 20 ~/md4jax_logs/latest.log"]],
+  ),
+  "logs_follow": (
+    ["logs", *COMMON, "--follow", "--worker=all", "--run-name=owt"],
+    [
+      [
+        *SSH,
+        "--worker=all",
+        "--zone=us-west4-a",
+        "--command",
+        "tail -n 100 -f ~/md4jax_logs/owt.log",
+      ]
+    ],
+  ),
+  "ssh_command": (
+    ["ssh", *COMMON, "--", "df", "-h"],
+    [[*SSH, "--worker=all", "--zone=us-west4-a", "--command", "df -h"]],
+  ),
+  "delete": (
+    ["delete", *COMMON],
+    [["gcloud", "compute", "tpus", "tpu-vm", "delete", "md4", "--quiet", "--zone=us-west4-a"]],
+  ),
+  "delete_queued": (
+    ["delete", *COMMON, "--queued"],
+    [
+      [
+        "gcloud",
+        "compute",
+        "tpus",
+        "queued-resources",
+        "delete",
+        "md4",
+        "--force",
+        "--quiet",
+        "--zone=us-west4-a",
+      ]
+    ],
+  ),
 }
 
 
 def _matches(commands, expected):
   return len(commands) == len(expected) and all(
-      c[:len(e)] == e and (len(c) == len(e) or e[-1] == "--command" and len(c) == len(e) + 1)
-      for c, e in zip(commands, expected))
+    c[: len(e)] == e and (len(c) == len(e) or e[-1] == "--command" and len(c) == len(e) + 1)
+    for c, e in zip(commands, expected)
+  )
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_tpu_dry_run_prints_the_commands_that_a_real_run_passes_to_gcloud(fake, case):
   args, expected = CASES[case]
-  dry = tpu(fake, *args, "--dry-run") if "--" not in args else tpu(
-      fake, *args[:args.index("--")], "--dry-run", *args[args.index("--"):])
+  dry = (
+    tpu(fake, *args, "--dry-run")
+    if "--" not in args
+    else tpu(fake, *args[: args.index("--")], "--dry-run", *args[args.index("--") :])
+  )
   assert dry.returncode == 0, dry.stderr
   printed = lines(dry.stdout)
   assert _matches(printed, expected), printed
@@ -202,7 +293,9 @@ def test_tpu_default_runtimes():
   assert tpu_lib.default_runtime("v5litepod-16") == "v2-alpha-tpuv5-lite"
   assert tpu_lib.default_runtime("v5p-32") == "v2-alpha-tpuv5"
   assert tpu_lib.default_runtime("v6e-8") == "v2-alpha-tpuv6e"
-  assert tpu_lib.default_runtime("v4-32") == tpu_lib.default_runtime("v3-8") == "tpu-ubuntu2204-base"
+  assert (
+    tpu_lib.default_runtime("v4-32") == tpu_lib.default_runtime("v3-8") == "tpu-ubuntu2204-base"
+  )
   assert tpu_lib.remote_path("~/a b") == "~/'a b'" and tpu_lib.remote_path("/x") == "/x"
 
 
@@ -212,7 +305,7 @@ def test_tpu_setup_command_is_idempotent_shell(fake):
   script = command[-1]
   assert "[ -d ~/md4jax/.git ] || git clone -q https://example.com/md4jax.git ~/md4jax" in script
   assert "git fetch -q --tags origin" in script and "checkout -q --detach origin/main" in script
-  assert "[ -x .venv/bin/python ] || " in script and '-m venv .venv' in script
+  assert "[ -x .venv/bin/python ] || " in script and "-m venv .venv" in script
   assert 'pip install -q -e . "jax[tpu]" datasets' in script
   assert "'" not in script  # So the dry-run line stays one plain '...' word.
 
@@ -221,8 +314,11 @@ def test_tpu_setup_runs_twice_clone_then_update(fake):
   """Runs setup's script for real (fake python/pip): clone + venv once, then fetch + checkout."""
   origin = fake.tmp / "origin"
   git = lambda *a, cwd=origin: subprocess.run(
-      ["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=cwd, check=True,
-      capture_output=True)
+    ["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
+    cwd=cwd,
+    check=True,
+    capture_output=True,
+  )
   origin.mkdir()
   git("init", "-q", "-b", "main")
   (origin / "version.txt").write_text("one")
@@ -252,8 +348,13 @@ def _repo_with_tpu_py(fake):
   (repo / "setup.py").write_text("# tracked\n")
   (repo / ".venv").mkdir()
   (repo / ".venv" / "big").write_text("ignored")
-  run = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
-                                  cwd=repo, check=True, capture_output=True, text=True)
+  run = lambda *a: subprocess.run(
+    ["git", "-c", "user.name=t", "-c", "user.email=t@t", *a],
+    cwd=repo,
+    check=True,
+    capture_output=True,
+    text=True,
+  )
   run("init", "-q", "-b", "main")
   run("add", ".")
   run("commit", "-qm", "init")
@@ -278,16 +379,32 @@ def test_tpu_setup_defaults_to_origin_and_head(fake):
 def test_tpu_setup_copy_ships_the_working_tree_without_ignored_files(fake):
   repo, _ = _repo_with_tpu_py(fake)
   (repo / "untracked.py").write_text("# new, not ignored\n")
-  result = tpu(fake, "setup", *COMMON, "--copy", "--python=fakepy", script=repo / "launch" / "tpu.py",
-               FAKE_EXEC="1")
+  result = tpu(
+    fake,
+    "setup",
+    *COMMON,
+    "--copy",
+    "--python=fakepy",
+    script=repo / "launch" / "tpu.py",
+    FAKE_EXEC="1",
+  )
   assert result.returncode == 0, result.stderr
   scp, ssh = fake.calls("gcloud")
   tarball = fake.tmp / "md4jax-src-md4.tar.gz"
-  assert scp == ["gcloud", "compute", "tpus", "tpu-vm", "scp", str(tarball),
-                 "md4:md4jax-src.tar.gz", "--worker=all", "--zone=us-west4-a"]
+  assert scp == [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "scp",
+    str(tarball),
+    "md4:md4jax-src.tar.gz",
+    "--worker=all",
+    "--zone=us-west4-a",
+  ]
   with tarfile.open(tarball) as tar:
     assert sorted(tar.getnames()) == [".gitignore", "launch/tpu.py", "setup.py", "untracked.py"]
-  assert ssh[:len(SSH) + 2] == [*SSH, "--worker=all", "--zone=us-west4-a"]
+  assert ssh[: len(SSH) + 2] == [*SSH, "--worker=all", "--zone=us-west4-a"]
   assert (fake.home / "md4jax" / "untracked.py").exists()  # Unpacked on the "worker".
   assert not (fake.home / "md4jax" / ".venv" / "big").exists()
   assert ["pip", "install", "-q", "-e", ".", "jax[tpu]"] in fake.calls("pip")
@@ -338,7 +455,9 @@ def _gone(pid):
   return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
 
 
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize(
+  "args,message",
+  [
     (["create", "--name=md4", "--zone=z"], "--accelerator-type"),
     (["create", "--zone=z", "--accelerator-type=v4-8"], "--name"),
     (["logs", "--name=md4"], "--zone"),
@@ -346,7 +465,8 @@ def _gone(pid):
     (["delete", *COMMON, "--", "x"], "no arguments after --"),
     (["launch", *COMMON], "invalid choice"),
     ([], "COMMAND"),
-])
+  ],
+)
 def test_tpu_usage_errors(fake, args, message):
   result = tpu(fake, *args)
   assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -359,8 +479,14 @@ def test_tpu_gcloud_failure_is_the_exit_status(fake):
 
 
 def multinode(fake, *args, **env):
-  return subprocess.run(["bash", str(MULTINODE), *args], cwd=fake.tmp, capture_output=True,
-                        text=True, env=dict(fake.env, **env), timeout=60)
+  return subprocess.run(
+    ["bash", str(MULTINODE), *args],
+    cwd=fake.tmp,
+    capture_output=True,
+    text=True,
+    env=dict(fake.env, **env),
+    timeout=60,
+  )
 
 
 def _remote(ssh_argv):
@@ -379,12 +505,17 @@ def test_multinode_dry_run_prints_one_ssh_per_host(fake):
     _, remote = _remote(ssh)
     assert remote[:6] == ["cd", "md4jax", "&&", ".", ".venv/bin/activate", "&&"]
     assert remote[6:9] == ["exec", "python", "-m"] and remote[9] == "md4jax.main"
-    assert remote[10:] == [*TRAINER, "--coordinator_address=gpu-a:23456", "--num_processes=3",
-                           f"--process_id={i}"]
+    assert remote[10:] == [
+      *TRAINER,
+      "--coordinator_address=gpu-a:23456",
+      "--num_processes=3",
+      f"--process_id={i}",
+    ]
   assert not fake.calls()
   env_form = multinode(fake, "--", "--config=c.py", HOSTS="h1 h2", DRY_RUN="1")
   assert [_remote(p)[1][-3:] for p in lines(env_form.stdout)] == [
-      ["--coordinator_address=h1:12355", "--num_processes=2", f"--process_id={i}"] for i in (0, 1)]
+    ["--coordinator_address=h1:12355", "--num_processes=2", f"--process_id={i}"] for i in (0, 1)
+  ]
 
 
 def test_multinode_runs_every_host_and_logs_each(fake):
@@ -395,22 +526,42 @@ def test_multinode_runs_every_host_and_logs_each(fake):
   assert sorted(c[3] for c in fake.calls("ssh")) == ["gpu-a", "gpu-b"]
   calls = sorted(fake.trainer_calls(), key=lambda c: c["argv"][-1])
   assert [c["argv"] for c in calls] == [
-      ["-m", "md4jax.main", *TRAINER, "--coordinator_address=gpu-a:12355", "--num_processes=2",
-       f"--process_id={i}"] for i in (0, 1)]
+    [
+      "-m",
+      "md4jax.main",
+      *TRAINER,
+      "--coordinator_address=gpu-a:12355",
+      "--num_processes=2",
+      f"--process_id={i}",
+    ]
+    for i in (0, 1)
+  ]
   for i, host in enumerate(["gpu-a", "gpu-b"]):
     assert "fake md4jax training" in (log_dir / f"process-{i}-{host}.log").read_text()
 
 
 def test_multinode_fails_when_a_host_fails(fake):
-  result = multinode(fake, "--", "--config=c.py", HOSTS="gpu-a gpu-b", FAKE_FAIL_HOST="gpu-b",
-                     LOG_DIR=str(fake.tmp / "logs"))
+  result = multinode(
+    fake,
+    "--",
+    "--config=c.py",
+    HOSTS="gpu-a gpu-b",
+    FAKE_FAIL_HOST="gpu-b",
+    LOG_DIR=str(fake.tmp / "logs"),
+  )
   assert result.returncode == 1 and "process 1 on gpu-b failed" in result.stderr
   assert len(fake.calls("ssh")) == 2
 
 
-@pytest.mark.parametrize("args,env", [([], {"HOSTS": "h1"}), (["--", "--x=1"], {}),
-                                      (["no-such-file", "--", "--x=1"], {}),
-                                      (["--config=c.py"], {"HOSTS": "h1"})])
+@pytest.mark.parametrize(
+  "args,env",
+  [
+    ([], {"HOSTS": "h1"}),
+    (["--", "--x=1"], {}),
+    (["no-such-file", "--", "--x=1"], {}),
+    (["--config=c.py"], {"HOSTS": "h1"}),
+  ],
+)
 def test_multinode_usage_errors(fake, args, env):
   result = multinode(fake, *args, **env)
   assert result.returncode == 2 and "multinode.sh:" in result.stderr
@@ -420,18 +571,38 @@ def test_multinode_usage_errors(fake, args, env):
 def test_slurm_gives_every_task_its_process_id_and_all_its_gpus(fake):
   checkout = fake.tmp / "checkout"
   make_venv(checkout)
-  env = {"SLURM_JOB_NODELIST": "node[07-08]", "FAKE_NODES": "node07 node08", "SLURM_NTASKS": "2",
-         "SLURM_JOB_ID": "1234", "MD4JAX_DIR": str(checkout), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-  result = subprocess.run(["bash", str(SLURM), *TRAINER], capture_output=True, text=True,
-                          env=dict(fake.env, **env), timeout=60)
+  env = {
+    "SLURM_JOB_NODELIST": "node[07-08]",
+    "FAKE_NODES": "node07 node08",
+    "SLURM_NTASKS": "2",
+    "SLURM_JOB_ID": "1234",
+    "MD4JAX_DIR": str(checkout),
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+  }
+  result = subprocess.run(
+    ["bash", str(SLURM), *TRAINER],
+    capture_output=True,
+    text=True,
+    env=dict(fake.env, **env),
+    timeout=60,
+  )
   assert result.returncode == 0, result.stderr
   assert fake.calls("scontrol") == [["scontrol", "show", "hostnames", "node[07-08]"]]
   calls = sorted(fake.trainer_calls(), key=lambda c: c["argv"][-1])
   assert [c["argv"] for c in calls] == [
-      ["-m", "md4jax.main", *TRAINER, "--coordinator_address=node07:21234", "--num_processes=2",
-       f"--process_id={i}"] for i in (0, 1)]
+    [
+      "-m",
+      "md4jax.main",
+      *TRAINER,
+      "--coordinator_address=node07:21234",
+      "--num_processes=2",
+      f"--process_id={i}",
+    ]
+    for i in (0, 1)
+  ]
   assert {c["cwd"] for c in calls} == {str(checkout)}
   assert {c["local_device_ids"] for c in calls} == {"0,1,2,3"}
-  without_flags = subprocess.run(["bash", str(SLURM)], capture_output=True, text=True,
-                                 env=dict(fake.env, **env), timeout=60)
+  without_flags = subprocess.run(
+    ["bash", str(SLURM)], capture_output=True, text=True, env=dict(fake.env, **env), timeout=60
+  )
   assert without_flags.returncode == 2 and "--config" in without_flags.stderr

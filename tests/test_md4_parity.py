@@ -85,25 +85,34 @@ def test_preset_builds_md4s_param_tree_and_init_law():
   own = nn.meta.unbox(model.init(jax.random.key(0), tokens, jnp.ones((1,)))["params"])
   converted = _converted(init)
   assert jax.tree.structure(own) == jax.tree.structure(converted)
-  for path, mine, theirs in zip(jax.tree_util.tree_leaves_with_path(own),
-                                jax.tree.leaves(own), jax.tree.leaves(converted)):
+  for path, mine, theirs in zip(
+    jax.tree_util.tree_leaves_with_path(own), jax.tree.leaves(own), jax.tree.leaves(converted)
+  ):
     name = jax.tree_util.keystr(path[0])
     assert mine.shape == theirs.shape, name
     if float(jnp.abs(theirs).max()) == 0:
       np.testing.assert_array_equal(mine, 0.0, err_msg=name)
     else:
-      np.testing.assert_allclose(float(jnp.std(mine)), float(jnp.std(theirs)), rtol=0.2, err_msg=name)
+      np.testing.assert_allclose(
+        float(jnp.std(mine)), float(jnp.std(theirs)), rtol=0.2, err_msg=name
+      )
   assert config.model.mlp_dim == 192 and config.model.embed_dim == config.model.time_dim == 32
   # Scanned layers: the same blocks, stacked.
   scanned = md4_params.from_md4(golden.unflatten(init), golden.NUM_HEADS, scan_layers=True)
-  np.testing.assert_array_equal(scanned["blocks"]["block"]["mlp"]["up"]["kernel"][1],
-                                converted["block_1"]["mlp"]["up"]["kernel"])
+  np.testing.assert_array_equal(
+    scanned["blocks"]["block"]["mlp"]["up"]["kernel"][1],
+    converted["block_1"]["mlp"]["up"]["kernel"],
+  )
 
 
 def test_converter_refuses_other_trees():
   init = golden.unflatten(_golden()[0])
-  time_free = {"classifier": {k: v for k, v in init["classifier"].items() if k != "CondEmbedding_0"}}
-  with pytest.raises(ValueError, match=r"no 'CondEmbedding_0/dense0'.*time-conditioned text network"):
+  time_free = {
+    "classifier": {k: v for k, v in init["classifier"].items() if k != "CondEmbedding_0"}
+  }
+  with pytest.raises(
+    ValueError, match=r"no 'CondEmbedding_0/dense0'.*time-conditioned text network"
+  ):
     md4_params.from_md4(time_free, golden.NUM_HEADS)
   with pytest.raises(ValueError, match=r"width 64 is not divisible by num_heads=3"):
     md4_params.from_md4(init, 3)
@@ -129,7 +138,9 @@ def test_logits_equal_md4s():
   md4_order = np.argsort(md4_params.rope_permutation(golden.FEATURE_DIM))
   for i in range(golden.NUM_LAYERS):
     qkv = unpermuted[f"block_{i}"]["attn"]["qkv"]["kernel"]  # [D, 3, H, Dh]; q and k reordered.
-    unpermuted[f"block_{i}"]["attn"]["qkv"]["kernel"] = qkv.at[:, :2].set(qkv[:, :2][..., md4_order])
+    unpermuted[f"block_{i}"]["attn"]["qkv"]["kernel"] = qkv.at[:, :2].set(
+      qkv[:, :2][..., md4_order]
+    )
   assert np.abs(np.asarray(model.apply({"params": unpermuted}, z, t)) - expected).max() > 1e-3
   alpha = 1.0 - t
   assert np.abs(np.asarray(model.apply({"params": params}, z, alpha)) - expected).max() > 1e-3
@@ -142,30 +153,45 @@ def _replay(config, rows=None):
   rows = np.arange(golden.BATCH_SIZE) if rows is None else np.asarray(rows)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   params = _converted(init)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                           opt_state=optimizer.init(params),
-                           ema_params=jax.tree.map(jnp.copy, params), rng=jax.random.PRNGKey(0))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    ema_params=jax.tree.map(jnp.copy, params),
+    rng=jax.random.PRNGKey(0),
+  )
   editable = jnp.ones((golden.BATCH_SIZE, golden.SEQ_LEN), bool)
 
   def step(state, inputs):
     tokens, t, masked = inputs
     batch = {"tokens": tokens, "segment_ids": None, "positions": None, "editable": editable}
-    state, metrics = train.train_step(state, batch, model=model, optimizer=optimizer,
-                                      config=config, draws={"t": t, "masked": masked})
+    state, metrics = train.train_step(
+      state,
+      batch,
+      model=model,
+      optimizer=optimizer,
+      config=config,
+      draws={"t": t, "masked": masked},
+    )
     return state, metrics["nelbo_bits_per_token"]
 
-  inputs = (jnp.asarray(train_file["tokens"][:, rows], jnp.int32), jnp.asarray(train_file["t"][:, rows]),
-            jnp.asarray(masked[:, rows]))
+  inputs = (
+    jnp.asarray(train_file["tokens"][:, rows], jnp.int32),
+    jnp.asarray(train_file["t"][:, rows]),
+    jnp.asarray(masked[:, rows]),
+  )
   state, bits = jax.jit(lambda s, x: jax.lax.scan(step, s, x))(state, inputs)
   return np.asarray(bits), state
 
 
 def _leaf(tree, md4_name: str):
   """md4jax's leaf for one of golden.FINAL_LEAVES."""
-  path = {"classifier/Transformer_0/Dense_2/kernel": ("logits", "kernel"),
-          "classifier/Transformer_0/TransformerBlock_0/Dense_0/bias": ("block_0", "adaln", "bias"),
-          "classifier/CondEmbedding_0/dense0/bias": ("time_in", "bias"),
-          "classifier/Embed_0/embedding": ("embed", "embedding")}[md4_name]
+  path = {
+    "classifier/Transformer_0/Dense_2/kernel": ("logits", "kernel"),
+    "classifier/Transformer_0/TransformerBlock_0/Dense_0/bias": ("block_0", "adaln", "bias"),
+    "classifier/CondEmbedding_0/dense0/bias": ("time_in", "bias"),
+    "classifier/Embed_0/embedding": ("embed", "embedding"),
+  }[md4_name]
   return np.asarray(functools.reduce(lambda node, key: node[key], path, tree))
 
 
@@ -181,13 +207,19 @@ def test_training_replays_md4s_loss_curve():
   assert expected[-50:].mean() < math.log2(golden.VOCAB_SIZE) - 0.4  # It learned (the unigram).
   np.testing.assert_allclose(bits, expected, rtol=0, atol=LOSS_ATOL)
   for name in golden.FINAL_LEAVES:
-    final, ema = golden.load(golden.TRAIN, "final/")[name], golden.load(golden.TRAIN, "final_ema/")[name]
+    final, ema = (
+      golden.load(golden.TRAIN, "final/")[name],
+      golden.load(golden.TRAIN, "final_ema/")[name],
+    )
     np.testing.assert_allclose(_leaf(state.params, name), final, rtol=0, atol=5e-5, err_msg=name)
     moved = float(np.abs(ema - init[name]).max())
     assert moved > 5e-4, name  # EMA 0.9999 from step 0: 3% of the way after 300 steps.
     np.testing.assert_allclose(_leaf(state.ema_params, name), ema, rtol=0, atol=1e-6, err_msg=name)
-  trained = np.asarray(state_lib.build_model(config).apply(
-      {"params": state.params}, jnp.asarray(logits["z"]), jnp.asarray(logits["t"])))
+  trained = np.asarray(
+    state_lib.build_model(config).apply(
+      {"params": state.params}, jnp.asarray(logits["z"]), jnp.asarray(logits["t"])
+    )
+  )
   scale = float(np.abs(logits["trained"]).max())
   np.testing.assert_allclose(trained, logits["trained"], rtol=0, atol=2e-4 * scale)
 

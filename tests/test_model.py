@@ -1,4 +1,5 @@
 """Tests for md4jax.model.transformer: shapes/dtypes, masking direction, adaLN-Zero, RoPE, remat/scan, splash."""
+
 import math
 
 import flax.linen as nn
@@ -8,9 +9,16 @@ import numpy as np
 import pytest
 
 from md4jax import aot
-from md4jax.model.transformer import (Transformer, count_params, flops_per_token,
-                                      segment_attention_mask, softmax_attention, splash_attention,
-                                      splash_block_size, timestep_features)
+from md4jax.model.transformer import (
+  Transformer,
+  count_params,
+  flops_per_token,
+  segment_attention_mask,
+  softmax_attention,
+  splash_attention,
+  splash_block_size,
+  timestep_features,
+)
 
 V, B, L = 11, 2, 8
 
@@ -89,8 +97,9 @@ def test_adaln_zero_init_ignores_alpha_until_trained():
   tokens = _tokens()
   params = init(model, jax.random.key(1), tokens, _alpha(0.1))
   lo, hi = _alpha(0.1), _alpha(0.9)
-  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, lo)),
-                                np.asarray(model.apply(params, tokens, hi)))
+  np.testing.assert_array_equal(
+    np.asarray(model.apply(params, tokens, lo)), np.asarray(model.apply(params, tokens, hi))
+  )
   # The zero-initialized modulation is what makes it exact.
   assert not any(bool(jnp.any(k)) for k in jax.tree.leaves(params["params"]["block_0"]["adaln"]))
   noisy = _perturb(params)
@@ -103,8 +112,9 @@ def test_none_conditioning_ignores_alpha():
   tokens = _tokens()
   params = init(model, jax.random.key(1), tokens)
   assert "time_in" not in params["params"]
-  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens)),
-                                np.asarray(model.apply(params, tokens, _alpha(0.5))))
+  np.testing.assert_array_equal(
+    np.asarray(model.apply(params, tokens)), np.asarray(model.apply(params, tokens, _alpha(0.5)))
+  )
 
 
 def test_positions_outside_the_sequence_are_refused():
@@ -119,6 +129,7 @@ def test_positions_outside_the_sequence_are_refused():
 def _reference_forward(params, tokens, positions, causal):
   """The plain Transformer from its params: one matmul per kernel (W_gate and W_up apart), RoPE
   on q and k one at a time as a complex rotation, jax.nn attention. Pins the model's fused forms."""
+
   def rms(x, scale):
     return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
 
@@ -161,13 +172,16 @@ def test_forward_matches_the_plain_reference(causal):
   assert float(jnp.abs(model.apply(swapped, tokens, None, None, positions) - out).max()) > 1e-2
 
 
-@pytest.mark.parametrize("kwargs, alpha, match", [
+@pytest.mark.parametrize(
+  "kwargs, alpha, match",
+  [
     (dict(time_conditioning="film"), None, "unknown time_conditioning"),
     (dict(model_dim=30, num_heads=4), None, "not divisible by num_heads"),
     (dict(model_dim=12, num_heads=4), None, "must be even for RoPE"),
     (dict(time_conditioning="adaln"), None, "requires alpha"),
     (dict(time_conditioning="adaln"), jnp.zeros((B, 1)), "alpha must have shape"),
-])
+  ],
+)
 def test_bad_arguments(kwargs, alpha, match):
   with pytest.raises(ValueError, match=match):
     _model(**kwargs).init(jax.random.key(0), _tokens(), alpha)
@@ -251,8 +265,9 @@ def test_one_segment_and_default_positions_match_default():
   default = model.apply(params, tokens, alpha)
   ones = jnp.ones_like(tokens)
   arange = jnp.broadcast_to(jnp.arange(L), tokens.shape)
-  np.testing.assert_array_equal(np.asarray(model.apply(params, tokens, alpha, None, arange)),
-                                np.asarray(default))
+  np.testing.assert_array_equal(
+    np.asarray(model.apply(params, tokens, alpha, None, arange)), np.asarray(default)
+  )
   np.testing.assert_allclose(model.apply(params, tokens, alpha, ones), default, atol=1e-6)
 
 
@@ -277,8 +292,10 @@ def _stack_blocks(params, num_layers):
   return params
 
 
-@pytest.mark.parametrize("remat, scan_layers, time_conditioning", [
-    ("none", True, "adaln"), ("full", False, "none"), ("save_dots", True, "none")])
+@pytest.mark.parametrize(
+  "remat, scan_layers, time_conditioning",
+  [("none", True, "adaln"), ("full", False, "none"), ("save_dots", True, "none")],
+)
 def test_remat_and_scan_equal_the_plain_model(remat, scan_layers, time_conditioning):
   tokens, alpha = _tokens(), _alpha()
   plain = _model(time_conditioning=time_conditioning)
@@ -286,18 +303,25 @@ def test_remat_and_scan_equal_the_plain_model(remat, scan_layers, time_condition
   variant = _model(time_conditioning=time_conditioning, remat=remat, scan_layers=scan_layers)
   variant_params = _stack_blocks(params, 2) if scan_layers else params
   variant_shapes = jax.eval_shape(lambda: init(variant, jax.random.key(1), tokens, alpha))["params"]
-  assert jax.tree.map(lambda x: x.shape, variant_shapes) == jax.tree.map(lambda x: x.shape, variant_params)
+  assert jax.tree.map(lambda x: x.shape, variant_shapes) == jax.tree.map(
+    lambda x: x.shape, variant_params
+  )
 
   def loss(model, p):
     return jnp.sum(model.apply({"params": p}, tokens, alpha) ** 2)
 
   value, grads = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
-  variant_value, variant_grads = jax.jit(jax.value_and_grad(lambda p: loss(variant, p)))(variant_params)
+  variant_value, variant_grads = jax.jit(jax.value_and_grad(lambda p: loss(variant, p)))(
+    variant_params
+  )
   np.testing.assert_allclose(variant_value, value, rtol=1e-5)
   expected = _stack_blocks(grads, 2) if scan_layers else grads
   # A different op order: float32 rounding, relative to each leaf's scale.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()),
-               variant_grads, expected)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max()),
+    variant_grads,
+    expected,
+  )
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -305,11 +329,13 @@ def test_save_dots_recomputes_no_weight_matmul(scan_layers):
   """remat="save_dots" keeps the weight matmuls' outputs (project's by name): the gradient costs
   the FLOPs of no remat, and full remat more. (XLA counts a scanned body once: the same ratio.)"""
   tokens = _tokens()
+
   def grad_flops(remat):
     model = _model(num_layers=2, model_dim=64, mlp_dim=256, remat=remat, scan_layers=scan_layers)
     params = init(model, jax.random.key(1), tokens)["params"]
     grad = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, tokens) ** 2))
     return aot.compiled_flops(jax.jit(grad).lower(params).compile())
+
   none, save_dots, full = grad_flops("none"), grad_flops("save_dots"), grad_flops("full")
   assert full > 1.2 * none
   assert save_dots < 1.02 * none, (save_dots, none)
@@ -328,13 +354,17 @@ def test_splash_attention_matches_xla_attention(causal):
   # The TPU kernel through its interpreter (any platform): packed documents and padding.
   batch, length, heads, head_dim = 2, 128, 2, 64
   q, k, v = jax.random.normal(jax.random.key(0), (3, batch, length, heads, head_dim), jnp.float32)
-  segments = jnp.concatenate([jnp.full((batch, 50), 1), jnp.full((batch, 60), 2),
-                              jnp.zeros((batch, 18))], axis=1).astype(jnp.int32)
-  expected = jax.nn.dot_product_attention(q, k, v, mask=segment_attention_mask(segments),
-                                          is_causal=causal)
+  segments = jnp.concatenate(
+    [jnp.full((batch, 50), 1), jnp.full((batch, 60), 2), jnp.zeros((batch, 18))], axis=1
+  ).astype(jnp.int32)
+  expected = jax.nn.dot_product_attention(
+    q, k, v, mask=segment_attention_mask(segments), is_causal=causal
+  )
   out = splash_attention(q, k, v, segments, causal, interpret=True)
   real = np.asarray(segments != 0)
-  np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(out)[real], np.asarray(expected)[real], rtol=2e-5, atol=2e-5
+  )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -372,10 +402,17 @@ def test_md4_model_choices():
   np.testing.assert_array_equal(md4.apply({"params": params}, tokens), 0.0)  # Uniform at init.
   # Each option changes the function: the gate alone, on the base model's params.
   sigmoid = _model(mlp="sigmoid_glu")
-  assert not np.allclose(sigmoid.apply({"params": base_params}, tokens),
-                         base.apply({"params": base_params}, tokens))
-  for bad in (dict(norm="batch"), dict(mlp="relu"), dict(output_init="ones"), dict(weight_init="xavier"),
-              dict(time_features="vdm"), dict(adaln_activation="gelu")):
+  assert not np.allclose(
+    sigmoid.apply({"params": base_params}, tokens), base.apply({"params": base_params}, tokens)
+  )
+  for bad in (
+    dict(norm="batch"),
+    dict(mlp="relu"),
+    dict(output_init="ones"),
+    dict(weight_init="xavier"),
+    dict(time_features="vdm"),
+    dict(adaln_activation="gelu"),
+  ):
     with pytest.raises(ValueError, match="unknown"):
       init(_model(**bad), jax.random.key(0), tokens)
 
@@ -385,19 +422,31 @@ def test_fan_in_inits(weight_init):
   """Truncated normal of variance scale/fan_in for every matrix (the MLP's at 2/N under
   fan_in_mlp_depth), N(0, 1/width) for the embedding, zeros for adaLN and biases."""
   N, D, F, E = 4, 64, 256, 32
-  model = _model(num_layers=N, model_dim=D, mlp_dim=F, embed_dim=E, weight_init=weight_init,
-                 time_conditioning="adaln", biases=True, time_dim=16, time_hidden_dim=48)
+  model = _model(
+    num_layers=N,
+    model_dim=D,
+    mlp_dim=F,
+    embed_dim=E,
+    weight_init=weight_init,
+    time_conditioning="adaln",
+    biases=True,
+    time_dim=16,
+    time_hidden_dim=48,
+  )
   p = init(model, jax.random.key(0), _tokens(), _alpha())["params"]
   mlp_scale = 2 / N if weight_init == "fan_in_mlp_depth" else 1.0
   blk = p["block_0"]
   expected = {
-      "qkv": (blk["attn"]["qkv"]["kernel"], 1 / D), "out": (blk["attn"]["out"]["kernel"], 1 / D),
-      "gate": (blk["mlp"]["gate"]["kernel"], mlp_scale / D),
-      "up": (blk["mlp"]["up"]["kernel"], mlp_scale / D),
-      "down": (blk["mlp"]["down"]["kernel"], mlp_scale / F),
-      "embed": (p["embed"]["embedding"], 1 / E), "embed_proj": (p["embed_proj"]["kernel"], 1 / E),
-      "time_in": (p["time_in"]["kernel"], 1 / 16), "time_out": (p["time_out"]["kernel"], 1 / 48),
-      "logits": (p["logits"]["kernel"], 1 / D),
+    "qkv": (blk["attn"]["qkv"]["kernel"], 1 / D),
+    "out": (blk["attn"]["out"]["kernel"], 1 / D),
+    "gate": (blk["mlp"]["gate"]["kernel"], mlp_scale / D),
+    "up": (blk["mlp"]["up"]["kernel"], mlp_scale / D),
+    "down": (blk["mlp"]["down"]["kernel"], mlp_scale / F),
+    "embed": (p["embed"]["embedding"], 1 / E),
+    "embed_proj": (p["embed_proj"]["kernel"], 1 / E),
+    "time_in": (p["time_in"]["kernel"], 1 / 16),
+    "time_out": (p["time_out"]["kernel"], 1 / 48),
+    "logits": (p["logits"]["kernel"], 1 / D),
   }
   for name, (kernel, variance) in expected.items():
     np.testing.assert_allclose(float(jnp.std(kernel)), math.sqrt(variance), rtol=0.15, err_msg=name)
@@ -405,8 +454,14 @@ def test_fan_in_inits(weight_init):
   bound = 2 * math.sqrt(1 / D) / 0.87962566103423978
   assert float(jnp.abs(blk["attn"]["qkv"]["kernel"]).max()) <= bound
   assert float(jnp.abs(p["embed"]["embedding"]).max()) > 2 / 0.87962566103423978 / math.sqrt(E)
-  for zero in (blk["adaln"]["kernel"], blk["adaln"]["bias"], p["final_adaln"]["bias"],
-               p["embed_proj"]["bias"], p["time_in"]["bias"], p["time_out"]["bias"]):
+  for zero in (
+    blk["adaln"]["kernel"],
+    blk["adaln"]["bias"],
+    p["final_adaln"]["bias"],
+    p["embed_proj"]["bias"],
+    p["time_in"]["bias"],
+    p["time_out"]["bias"],
+  ):
     np.testing.assert_array_equal(zero, 0.0)
 
 
@@ -414,8 +469,15 @@ def test_time_path_options():
   """time_dim, time_hidden_dim, biases and the adaLN activation shape the time path; every
   option changes the function (checked on random params)."""
   tokens, alpha = _tokens(), _alpha(0.3)
-  md4 = dict(time_conditioning="adaln", time_features="ddpm", time_dim=8, time_hidden_dim=32,
-             biases=True, adaln_activation="sigmoid", embed_dim=8)
+  md4 = dict(
+    time_conditioning="adaln",
+    time_features="ddpm",
+    time_dim=8,
+    time_hidden_dim=32,
+    biases=True,
+    adaln_activation="sigmoid",
+    embed_dim=8,
+  )
   model = _model(**md4)
   params = init(model, jax.random.key(0), tokens, alpha)
   p = params["params"]
@@ -444,8 +506,10 @@ def test_ddpm_time_features():
   np.testing.assert_allclose(got, np.concatenate([np.sin(args), np.cos(args)], axis=1), atol=2e-4)
   assert got.shape == (4, 10) and got[0, 5:].tolist() == [1.0] * 5
   dit = np.asarray(timestep_features(jnp.asarray(t), 10, style="dit"))
-  np.testing.assert_allclose(dit[:, :5], np.cos(1000.0 * t[:, None] * 10000.0 ** (-np.arange(5) / 5)),
-                             atol=2e-4)
+  np.testing.assert_allclose(
+    dit[:, :5], np.cos(1000.0 * t[:, None] * 10000.0 ** (-np.arange(5) / 5)), atol=2e-4
+  )
   with pytest.raises(ValueError, match="time width >= 4"):
     _model(time_conditioning="adaln", time_features="ddpm", time_dim=2).init(
-        jax.random.key(0), _tokens(), _alpha())
+      jax.random.key(0), _tokens(), _alpha()
+    )

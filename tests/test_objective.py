@@ -23,17 +23,21 @@ def test_ar_inputs_shift_right_with_bos():
 def _untrained(name):
   config = config_lib.load_config(name)
   model = state_lib.build_model(config)
-  params = state_lib.init_state(config, model, state_lib.make_optimizer(config),
-                                sharding.make_mesh(config, jax.devices()[:1])).params
+  params = state_lib.init_state(
+    config, model, state_lib.make_optimizer(config), sharding.make_mesh(config, jax.devices()[:1])
+  ).params
   batch = sources.make_source(config).batch(0)
   return config, model, params, batch
 
 
 def test_ar_nll_is_the_causal_cross_entropy_of_each_row():
   config, model, params, batch = _untrained("tiny_ar")
-  nats = objective.sequence_nats(params, batch, None, model=model, config=config,
-                                 estimator="exact", t_sampling="uniform")
-  logits = model.apply({"params": params}, objective.ar_inputs(batch["tokens"], config.data.vocab_size))
+  nats = objective.sequence_nats(
+    params, batch, None, model=model, config=config, estimator="exact", t_sampling="uniform"
+  )
+  logits = model.apply(
+    {"params": params}, objective.ar_inputs(batch["tokens"], config.data.vocab_size)
+  )
   expected = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"]).sum(-1)
   np.testing.assert_allclose(nats, expected, rtol=1e-5)
 
@@ -44,8 +48,16 @@ def test_a_rows_draw_depends_on_its_global_index_only(estimator):
   # exactly their values from the whole batch: the draws do not depend on the split.
   config, model, params, batch = _untrained("tiny")
   key = jax.random.PRNGKey(3)
-  score = lambda rows, **kw: objective.sequence_nats(params, rows, key, model=model, config=config,
-                                                      estimator=estimator, t_sampling="stratified", **kw)
+  score = lambda rows, **kw: objective.sequence_nats(
+    params,
+    rows,
+    key,
+    model=model,
+    config=config,
+    estimator=estimator,
+    t_sampling="stratified",
+    **kw,
+  )
   whole = score(batch)
   half = score(jax.tree.map(lambda x: x[8:], batch), row_index=jnp.arange(8, 16), num_rows=16)
   np.testing.assert_allclose(half, whole[8:], rtol=1e-6)
@@ -60,11 +72,20 @@ def test_rows_without_segment_ids_score_as_one_segment_at_positions_0_to_L(name)
   config, model, params, batch = _untrained(name)
   assert batch["segment_ids"] is None and batch["positions"] is None
   shape = batch["tokens"].shape
-  explicit = dict(batch, segment_ids=np.ones(shape, np.int32),
-                  positions=np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape))
-  score = lambda rows: objective.sequence_nats(params, rows, jax.random.PRNGKey(5), model=model,
-                                               config=config, estimator="standard",
-                                               t_sampling="stratified")
+  explicit = dict(
+    batch,
+    segment_ids=np.ones(shape, np.int32),
+    positions=np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape),
+  )
+  score = lambda rows: objective.sequence_nats(
+    params,
+    rows,
+    jax.random.PRNGKey(5),
+    model=model,
+    config=config,
+    estimator="standard",
+    t_sampling="stratified",
+  )
   np.testing.assert_allclose(score(batch), score(explicit), rtol=1e-6)
   # Segment ids do change the scores where they split a row: the comparison can fail.
   halves = np.where(np.arange(shape[1]) < shape[1] // 2, 1, 2).astype(np.int32)
@@ -80,14 +101,22 @@ def test_a_network_conditioned_on_t_gets_t():
   config.model.time_dim, config.model.time_hidden_dim = 16, 64  # Narrower than the model.
   config.diffusion.schedule = "md4linear"
   model = state_lib.build_model(config)
-  params = jax.tree.map(lambda p: p + 0.1, state_lib.init_state(  # adaLN off zero: t matters.
-      config, model, state_lib.make_optimizer(config), sharding.make_mesh(config, jax.devices()[:1])).params)
+  params = jax.tree.map(
+    lambda p: p + 0.1,
+    state_lib.init_state(  # adaLN off zero: t matters.
+      config, model, state_lib.make_optimizer(config), sharding.make_mesh(config, jax.devices()[:1])
+    ).params,
+  )
   z = jnp.full((2, config.data.seq_len), config.data.vocab_size, jnp.int32)
   alpha = jnp.asarray([0.9, 0.2], jnp.float32)
   schedule = objective.schedule_of(params, config)
   got = objective.sampling_denoiser(model, params, config)(z, alpha)
-  np.testing.assert_allclose(got, model.apply({"params": params}, z, schedule.time_of(alpha)), rtol=1e-6)
+  np.testing.assert_allclose(
+    got, model.apply({"params": params}, z, schedule.time_of(alpha)), rtol=1e-6
+  )
   assert np.abs(got - model.apply({"params": params}, z, alpha)).max() > 1e-3
   config.model.time_input = "alpha"
-  np.testing.assert_array_equal(objective.sampling_denoiser(model, params, config)(z, alpha),
-                                model.apply({"params": params}, z, alpha))
+  np.testing.assert_array_equal(
+    objective.sampling_denoiser(model, params, config)(z, alpha),
+    model.apply({"params": params}, z, alpha),
+  )

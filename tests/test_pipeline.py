@@ -1,4 +1,5 @@
 """Tests for md4jax.data.pipeline: packing, determinism, sharding, resume, evaluation, load_data, conditional data."""
+
 import itertools
 import json
 import pathlib
@@ -11,8 +12,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from md4jax.data import corpora
-from md4jax.data import pipeline
+from md4jax.data import corpora, pipeline
 from md4jax.data import sources as data_lib
 from md4jax.data.pipeline import EvalBatches, TokenizedDocs, TrainIterator
 from md4jax.data.tokenizer import BpeTokenizer
@@ -41,8 +41,15 @@ def _take(iterator, n):
 
 
 def _iterator(docs, packing, seed=0, shard_index=0, shard_count=1, batch_size=4, seq_len=16):
-  ds = pipeline.train_dataset(docs, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                              packing=packing, shard_index=shard_index, shard_count=shard_count)
+  ds = pipeline.train_dataset(
+    docs,
+    seq_len=seq_len,
+    batch_size=batch_size,
+    seed=seed,
+    packing=packing,
+    shard_index=shard_index,
+    shard_count=shard_count,
+  )
   return TrainIterator(ds)
 
 
@@ -71,8 +78,10 @@ def test_batches_shape_and_dtype(packing):
   config = ml_collections.ConfigDict({"data": {"dataset": "localtext", "packing": packing}})
   assert data_lib.has_segments(config, training=True) == (not whole)
   assert data_lib.has_segments(config, training=False)
-  assert all(b["segment_ids"] is not None for b in EvalBatches(_docs(_LENGTHS), seq_len=16,
-                                                                batch_size=4, packing=packing))
+  assert all(
+    b["segment_ids"] is not None
+    for b in EvalBatches(_docs(_LENGTHS), seq_len=16, batch_size=4, packing=packing)
+  )
 
 
 def test_concat_windows_are_contiguous_at_random_offsets():
@@ -97,8 +106,9 @@ def test_deterministic_by_seed(packing):
 def test_two_processes_see_disjoint_shards_of_the_global_batch(packing):
   docs = _docs(_LENGTHS)
   first_tokens = lambda batches: [row[0] for b in batches for row in b["tokens"]]
-  shards = [first_tokens(_take(_iterator(docs, packing, shard_index=p, shard_count=2), 3))
-            for p in (0, 1)]
+  shards = [
+    first_tokens(_take(_iterator(docs, packing, shard_index=p, shard_count=2), 3)) for p in (0, 1)
+  ]
   # Rows start with distinct tokens (each token value occurs once in `docs`).
   assert not set(shards[0]) & set(shards[1])
   # Process p holds the p-th block of each single-process batch of twice the size, so the
@@ -133,8 +143,9 @@ def test_resume_gives_the_uninterrupted_batches(packing):
 def test_resume_with_a_worker_process():
   flags.FLAGS.mark_as_parsed()  # grain workers read absl flags.
   docs = _docs(_LENGTHS)
-  ds = pipeline.train_dataset(docs, seq_len=16, batch_size=4, seed=1, packing="documents",
-                              shard_index=0, shard_count=1)
+  ds = pipeline.train_dataset(
+    docs, seq_len=16, batch_size=4, seed=1, packing="documents", shard_index=0, shard_count=1
+  )
   uninterrupted = _take(TrainIterator(ds), 5)
   with_worker = TrainIterator(ds, worker_count=1)
   with_worker.set_state({"next_batch_index": 2})
@@ -147,9 +158,12 @@ def test_resume_with_a_worker_process():
 def test_document_packing_keeps_documents_whole():
   lengths = _LENGTHS + [16, 40]  # An exact fit and one longer than a row.
   docs = _docs(lengths)
-  rows = list(itertools.chain.from_iterable(
-      zip(*[b[k] for k in KEYS]) for b in EvalBatches(docs, seq_len=16, batch_size=4,
-                                                      packing="documents")))
+  rows = list(
+    itertools.chain.from_iterable(
+      zip(*[b[k] for k in KEYS])
+      for b in EvalBatches(docs, seq_len=16, batch_size=4, packing="documents")
+    )
+  )
   pieces = []
   for editable, positions, segments, tokens in rows:
     np.testing.assert_array_equal(editable, segments > 0)
@@ -187,8 +201,12 @@ def test_an_epoch_of_packed_rows_visits_every_row_once():
 @pytest.mark.parametrize("shard_count", [1, 2, 3])
 def test_eval_scores_every_token_exactly_once(packing, shard_count):
   docs = _docs(_LENGTHS) if packing == "documents" else _stream(1003)
-  shards = [EvalBatches(docs, seq_len=16, batch_size=4, packing=packing, shard_index=p,
-                        shard_count=shard_count) for p in range(shard_count)]
+  shards = [
+    EvalBatches(
+      docs, seq_len=16, batch_size=4, packing=packing, shard_index=p, shard_count=shard_count
+    )
+    for p in range(shard_count)
+  ]
   assert len({len(s) for s in shards}) == 1  # Every process runs the same number of steps.
   scored = []
   for shard in shards:
@@ -203,17 +221,23 @@ def test_eval_scores_every_token_exactly_once(packing, shard_count):
   # The global evaluation batches (each process's block side by side) do not depend on the count.
   whole = list(EvalBatches(docs, seq_len=16, batch_size=4 * shard_count, packing=packing))
   for i, batch in enumerate(whole):
-    np.testing.assert_array_equal(np.concatenate([list(s)[i]["tokens"] for s in shards]), batch["tokens"])
-  assert list(shards[0]) and all((x["tokens"] == y["tokens"]).all()
-                                 for x, y in zip(shards[0], shards[0]))  # Re-iterable.
+    np.testing.assert_array_equal(
+      np.concatenate([list(s)[i]["tokens"] for s in shards]), batch["tokens"]
+    )
+  assert list(shards[0]) and all(
+    (x["tokens"] == y["tokens"]).all() for x, y in zip(shards[0], shards[0])
+  )  # Re-iterable.
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(packing="greedy"), "Unknown packing"),
     (dict(seed=-1), "seed must be in"),
     (dict(shard_index=2, shard_count=2), "shard_index=2"),
     (dict(seq_len=2000), "fewer than seq_len"),
-])
+  ],
+)
 def test_train_dataset_errors(kwargs, match):
   args = dict(seq_len=16, batch_size=2, seed=0, packing="concat", shard_index=0, shard_count=1)
   args.update(kwargs)
@@ -223,10 +247,21 @@ def test_train_dataset_errors(kwargs, match):
 
 def _config(dataset, path, **data):
   config = ml_collections.ConfigDict()
-  config.data = ml_collections.ConfigDict(dict(
-      dataset=dataset, path=str(path), seq_len=32, tokenizer="bpe", tokenizer_path="",
-      bpe_vocab_size=300, packing="documents", text_field="text", prompt_field="prompt",
-      response_field="response", worker_count=0))
+  config.data = ml_collections.ConfigDict(
+    dict(
+      dataset=dataset,
+      path=str(path),
+      seq_len=32,
+      tokenizer="bpe",
+      tokenizer_path="",
+      bpe_vocab_size=300,
+      packing="documents",
+      text_field="text",
+      prompt_field="prompt",
+      response_field="response",
+      worker_count=0,
+    )
+  )
   config.data.update(data)
   return config
 
@@ -237,8 +272,11 @@ _WORDS = "the a cat dog sat ran on under mat tree big small red blue . ,".split(
 def _write_jsonl(path, n, seed=0, words=(5, 60)):
   rng = np.random.default_rng(seed)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text("\n".join(json.dumps({"text": " ".join(rng.choice(_WORDS, rng.integers(*words)))})
-                            for _ in range(n)))
+  path.write_text(
+    "\n".join(
+      json.dumps({"text": " ".join(rng.choice(_WORDS, rng.integers(*words)))}) for _ in range(n)
+    )
+  )
 
 
 def test_load_data_localtext_bpe_and_cache_reuse(tmp_path):
@@ -254,31 +292,42 @@ def test_load_data_localtext_bpe_and_cache_reuse(tmp_path):
   # Resume: the same tokenizer and the cached tokens (memory-mapped, pickled by path).
   again = pipeline.load_data(_config("localtext", tmp_path / "corpus"), str(workdir))
   assert again.train.path and len(pickle.dumps(again.train)) < 1000
-  np.testing.assert_array_equal(np.asarray(pickle.loads(pickle.dumps(again.train)).tokens),
-                                data.train.tokens)
+  np.testing.assert_array_equal(
+    np.asarray(pickle.loads(pickle.dumps(again.train)).tokens), data.train.tokens
+  )
   _assert_batches_equal(
-      [next(again.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))], [batch])
+    [next(again.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))], [batch]
+  )
   assert len(again.eval_batches(batch_size=2, shard_index=0, shard_count=1)) >= 1
   with pytest.raises(ValueError, match="No 'test' split"):
     again.eval_batches(batch_size=2, split="test")
 
 
-@pytest.mark.parametrize("dataset, seq_len, layout", [
-    ("lm1b", 128, ("train", "test")), ("owt", 1024, ("",))])
+@pytest.mark.parametrize(
+  "dataset, seq_len, layout", [("lm1b", 128, ("train", "test")), ("owt", 1024, ("",))]
+)
 def test_lm1b_and_owt_from_local_stand_ins(tmp_path, dataset, seq_len, layout):
   # A tiny BPE stands in for BERT-base-uncased / GPT-2 (used offline as a tokenizer.json).
   stand_in = BpeTokenizer.train([" ".join(_WORDS)] * 10, 280)
   stand_in.save(tmp_path / "tok")
   for i, split in enumerate(layout):
-    _write_jsonl(tmp_path / "corpus" / split / "part.jsonl", 40 if i == 0 else 5, seed=i,
-                 words=(5, 400))
-  config = _config(dataset, tmp_path / "corpus", seq_len=seq_len, packing="concat",
-                   tokenizer_path=str(tmp_path / "tok" / "tokenizer.json"))
+    _write_jsonl(
+      tmp_path / "corpus" / split / "part.jsonl", 40 if i == 0 else 5, seed=i, words=(5, 400)
+    )
+  config = _config(
+    dataset,
+    tmp_path / "corpus",
+    seq_len=seq_len,
+    packing="concat",
+    tokenizer_path=str(tmp_path / "tok" / "tokenizer.json"),
+  )
   data = pipeline.load_data(config, str(tmp_path / "work"))
   assert data.tokenizer.vocab_size == 280
   batch = next(data.train_iterator(batch_size=2, seed=0, shard_index=0, shard_count=1))
   assert batch["tokens"].shape == (2, seq_len) and batch["segment_ids"] is None
-  assert not data_lib.has_segments(config, training=True) and data_lib.has_segments(config, training=False)
+  assert not data_lib.has_segments(config, training=True) and data_lib.has_segments(
+    config, training=False
+  )
   assert (batch["tokens"] == data.tokenizer.eos_id).any()  # Documents are separated by EOS.
   ev = list(data.eval_batches(batch_size=2, shard_index=0, shard_count=1))
   assert sum(int((b["segment_ids"] > 0).sum()) for b in ev) == data.validation.num_tokens
@@ -308,15 +357,23 @@ def _write_pairs(path, pairs):
 
 def _random_pairs(n, seed=0):
   rng = np.random.default_rng(seed)
-  return [("q" + "".join(rng.choice(list("xyz"), rng.integers(0, 6))),
-           "".join(rng.choice(list("abcd"), rng.integers(1, 14)))) for _ in range(n)]
+  return [
+    (
+      "q" + "".join(rng.choice(list("xyz"), rng.integers(0, 6))),
+      "".join(rng.choice(list("abcd"), rng.integers(1, 14))),
+    )
+    for _ in range(n)
+  ]
 
 
 def _rows(batches):
   """(tokens, segment_ids, positions, editable) of every non-padding row."""
-  return [row for b in batches
-          for row in zip(b["tokens"], b["segment_ids"], b["positions"], b["editable"])
-          if row[1].any()]
+  return [
+    row
+    for b in batches
+    for row in zip(b["tokens"], b["segment_ids"], b["positions"], b["editable"])
+    if row[1].any()
+  ]
 
 
 def test_conditional_rows_put_the_prompt_then_the_response(tmp_path):
@@ -353,8 +410,10 @@ def test_conditional_rows_put_the_prompt_then_the_response(tmp_path):
 
 def test_conditional_nelbo_never_masks_the_prompt(tmp_path):
   _write_pairs(tmp_path / "pairs.jsonl", _random_pairs(40))
-  data = pipeline.load_data(_config("conditional", tmp_path / "pairs.jsonl", seq_len=16,
-                                    tokenizer="char"), str(tmp_path / "work"))
+  data = pipeline.load_data(
+    _config("conditional", tmp_path / "pairs.jsonl", seq_len=16, tokenizer="char"),
+    str(tmp_path / "work"),
+  )
   batch = next(data.train_iterator(batch_size=8, seed=0, shard_index=0, shard_count=1))
   x, editable = jnp.asarray(batch["tokens"]), jnp.asarray(batch["editable"])
   mask_id, seen = data.tokenizer.vocab_size, []
@@ -366,14 +425,20 @@ def test_conditional_nelbo_never_masks_the_prompt(tmp_path):
 
   for estimator in bounds.ESTIMATORS:
     for seed in range(5):
-      bounds.nelbo(jax.random.PRNGKey(seed), spy, x, "linear", mask_id=mask_id,
-                      editable=editable, estimator=estimator)
+      bounds.nelbo(
+        jax.random.PRNGKey(seed),
+        spy,
+        x,
+        "linear",
+        mask_id=mask_id,
+        editable=editable,
+        estimator=estimator,
+      )
   prompt = ~batch["editable"]
   assert seen and all((z[prompt] == batch["tokens"][prompt]).all() for z in seen)
   assert any((z[batch["editable"]] == mask_id).any() for z in seen)  # Responses are masked.
   # Scored tokens are the response tokens only.
-  np.testing.assert_array_equal(bounds.num_valid_tokens(x, editable),
-                                batch["editable"].sum(-1))
+  np.testing.assert_array_equal(bounds.num_valid_tokens(x, editable), batch["editable"].sum(-1))
 
 
 def test_conditional_prompt_longer_than_a_row_names_the_example(tmp_path):
@@ -387,7 +452,10 @@ def test_conditional_prompt_longer_than_a_row_names_the_example(tmp_path):
 
 
 def test_conditional_examples_need_document_rows():
-  docs = pipeline.tokenize_examples([corpora.Example("x", "ab", "f:1")] * 3,
-                                    pipeline.tokenizer_lib.CharTokenizer("abx", eos=True), seq_len=8)
+  docs = pipeline.tokenize_examples(
+    [corpora.Example("x", "ab", "f:1")] * 3,
+    pipeline.tokenizer_lib.CharTokenizer("abx", eos=True),
+    seq_len=8,
+  )
   with pytest.raises(ValueError, match="one row each"):
     pipeline.train_dataset(docs, seq_len=8, batch_size=1, seed=0, packing="concat")

@@ -1,4 +1,5 @@
 """Tests for md4jax.model.rope: relative positions, the host table, out-of-range positions."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

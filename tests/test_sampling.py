@@ -8,11 +8,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax.diffusion import groundtruth
-from md4jax.diffusion import schedules
-from md4jax.sampling import blockwise
-from md4jax.sampling import categorical
-from md4jax.sampling import samplers
+from md4jax.diffusion import groundtruth, schedules
+from md4jax.sampling import blockwise, categorical, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -28,9 +25,18 @@ def language():
 @functools.lru_cache(maxsize=None)
 def _samples(language, method, num_steps, schedule_name="linear", batch_size=NUM_SAMPLES, seed=1):
   schedule = schedules.get_schedule(schedule_name)
-  run = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=batch_size, length=LENGTH, schedule=schedule,
-      mask_id=MASK_ID, method=method, num_steps=num_steps))
+  run = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=batch_size,
+      length=LENGTH,
+      schedule=schedule,
+      mask_id=MASK_ID,
+      method=method,
+      num_steps=num_steps,
+    )
+  )
   tokens, info = run(jax.random.PRNGKey(seed))
   return np.asarray(tokens), int(info["nfe"])
 
@@ -53,9 +59,17 @@ def _log_prob_gap(language, tokens):
   return nll.mean() - language.entropy(LENGTH), nll.std(ddof=1) / np.sqrt(nll.size)
 
 
-@pytest.mark.parametrize("method,num_steps", [
-    ("ancestral", 256), pytest.param("cached", 256, marks=pytest.mark.slow),  # cached == ancestral, token for token, below.
-    ("jump", 1000), ("first_hitting", None)])
+@pytest.mark.parametrize(
+  "method,num_steps",
+  [
+    ("ancestral", 256),
+    pytest.param(
+      "cached", 256, marks=pytest.mark.slow
+    ),  # cached == ancestral, token for token, below.
+    ("jump", 1000),
+    ("first_hitting", None),
+  ],
+)
 def test_exact_samplers_draw_the_true_distribution(language, method, num_steps):
   tokens, _ = _samples(language, method, num_steps)
   assert not np.any(tokens == MASK_ID)
@@ -74,8 +88,10 @@ def test_few_steps_show_the_factorization_error_and_it_shrinks(language):
 
   Measured here: excess NLL of about 15 nats at T = 1, 3.6 at T = 4 (vs SE ≈ 0.1).
   """
-  gaps = {steps: _log_prob_gap(language, _samples(language, "ancestral", steps)[0])
-          for steps in [1, 4, 32]}
+  gaps = {
+    steps: _log_prob_gap(language, _samples(language, "ancestral", steps)[0])
+    for steps in [1, 4, 32]
+  }
   (gap_1, se_1), (gap_4, se_4), (gap_32, se_32) = gaps[1], gaps[4], gaps[32]
   assert gap_1 > 10 * se_1
   assert gap_1 - gap_4 > 4 * np.hypot(se_1, se_4)
@@ -99,11 +115,20 @@ def _reference_ancestral(key, denoise_fn, batch_size, schedule, num_steps):
 def test_jitted_loop_equals_python_loop(language):
   schedule = schedules.get_schedule("cosine")
   key = jax.random.PRNGKey(5)
-  tokens, nfe = jax.jit(lambda k: samplers.sample(
-      k, language.denoise_fn(MASK_ID), batch_size=16, length=LENGTH, schedule=schedule,
-      mask_id=MASK_ID, num_steps=8))(key)
-  np.testing.assert_array_equal(tokens, _reference_ancestral(key, language.denoise_fn(MASK_ID), 16,
-                                                             schedule, 8))
+  tokens, nfe = jax.jit(
+    lambda k: samplers.sample(
+      k,
+      language.denoise_fn(MASK_ID),
+      batch_size=16,
+      length=LENGTH,
+      schedule=schedule,
+      mask_id=MASK_ID,
+      num_steps=8,
+    )
+  )(key)
+  np.testing.assert_array_equal(
+    tokens, _reference_ancestral(key, language.denoise_fn(MASK_ID), 16, schedule, 8)
+  )
   assert int(nfe["nfe"]) == 8
 
 
@@ -113,10 +138,19 @@ def test_cached_equals_ancestral_with_fewer_calls(language):
   np.testing.assert_array_equal(cached, ancestral)
   assert ancestral_nfe == 64
   # NFE ≤ the number of distinct reveal events (steps at which some token was revealed).
-  _, info = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=8, length=LENGTH,
-      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="cached", num_steps=64,
-      record_trajectory=True))(jax.random.PRNGKey(3))
+  _, info = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=8,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      method="cached",
+      num_steps=64,
+      record_trajectory=True,
+    )
+  )(jax.random.PRNGKey(3))
   states = np.asarray(info["trajectory"]["tokens"])
   reveal_events = int(np.sum(np.any(states[1:] != states[:-1], axis=(1, 2))))
   assert int(info["nfe"]) == cached_nfe <= reveal_events < ancestral_nfe
@@ -131,17 +165,36 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None,
     jax.debug.callback(lambda value: states.append(np.asarray(value)), z, ordered=True)
     return oracle(z, alpha)
 
-  tokens, info = jax.jit(lambda key: samplers.sample(
-      key, recording, batch_size=32, length=LENGTH, schedule=schedules.get_schedule("linear"),
-      mask_id=MASK_ID, method=method, num_steps=num_steps, prompt=prompt,
-      prompt_mask=prompt_mask, **kwargs))(jax.random.PRNGKey(2))
+  tokens, info = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      recording,
+      batch_size=32,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      method=method,
+      num_steps=num_steps,
+      prompt=prompt,
+      prompt_mask=prompt_mask,
+      **kwargs,
+    )
+  )(jax.random.PRNGKey(2))
   jax.effects_barrier()
   return states + [np.asarray(tokens)], info
 
 
-@pytest.mark.parametrize("method,num_steps,kwargs", [
-    ("ancestral", 8, {}), ("cached", 8, {}), ("jump", 8, {}), ("first_hitting", None, {}),
-    ("confidence", 6, {}), ("threshold", None, {"threshold": 0.8})])
+@pytest.mark.parametrize(
+  "method,num_steps,kwargs",
+  [
+    ("ancestral", 8, {}),
+    ("cached", 8, {}),
+    ("jump", 8, {}),
+    ("first_hitting", None, {}),
+    ("confidence", 6, {}),
+    ("threshold", None, {"threshold": 0.8}),
+  ],
+)
 def test_revealed_tokens_never_change_and_prompts_are_clamped(language, method, num_steps, kwargs):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[3].set(2).at[LENGTH - 1].set(4)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[3].set(True).at[LENGTH - 1].set(True)
@@ -187,10 +240,20 @@ def test_jump_costs_at_most_L_calls_at_any_T(language):
 def test_threshold_reveals_every_confident_position_and_at_least_one():
   threshold = 0.7
   peaked = groundtruth.MarkovLanguage(VOCAB, seed=0, concentration=0.05)  # Confident neighbours.
-  _, info = jax.jit(lambda key: samplers.sample(
-      key, peaked.denoise_fn(MASK_ID), batch_size=64, length=LENGTH,
-      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="threshold",
-      threshold=threshold, record_trajectory=True, trajectory_top_k=1))(jax.random.PRNGKey(4))
+  _, info = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      peaked.denoise_fn(MASK_ID),
+      batch_size=64,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      method="threshold",
+      threshold=threshold,
+      record_trajectory=True,
+      trajectory_top_k=1,
+    )
+  )(jax.random.PRNGKey(4))
   nfe = int(info["nfe"])
   states = np.asarray(info["trajectory"]["tokens"])
   top = np.asarray(info["trajectory"]["top_probs"])[..., 0]
@@ -238,11 +301,22 @@ def test_bad_arguments_raise(language):
 def test_trajectory_records_every_state(language, method, num_steps):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[0].set(3)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[0].set(True)
-  tokens, info = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=4, length=LENGTH,
-      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method=method,
-      num_steps=num_steps, prompt=prompt, prompt_mask=prompt_mask, record_trajectory=True,
-      trajectory_top_k=3))(jax.random.PRNGKey(0))
+  tokens, info = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=4,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      method=method,
+      num_steps=num_steps,
+      prompt=prompt,
+      prompt_mask=prompt_mask,
+      record_trajectory=True,
+      trajectory_top_k=3,
+    )
+  )(jax.random.PRNGKey(0))
   trajectory = jax.tree.map(np.asarray, info["trajectory"])
   num_records = LENGTH if method == "first_hitting" else num_steps
   assert trajectory["tokens"].shape == (num_records + 1, 4, LENGTH)
@@ -265,9 +339,16 @@ def test_semi_autoregressive_generation_samples_the_long_chain(language):
   first-hitting generation of 30 tokens with a 12-token context is exact."""
   total, context, block = 30, LENGTH, 6
   tokens, info = blockwise.generate_semi_autoregressive(
-      jax.random.PRNGKey(4), language.denoise_fn(MASK_ID), batch_size=3000, total_length=total,
-      context_length=context, block_length=block, schedule=schedules.get_schedule("linear"),
-      mask_id=MASK_ID, method="first_hitting")
+    jax.random.PRNGKey(4),
+    language.denoise_fn(MASK_ID),
+    batch_size=3000,
+    total_length=total,
+    context_length=context,
+    block_length=block,
+    schedule=schedules.get_schedule("linear"),
+    mask_id=MASK_ID,
+    method="first_hitting",
+  )
   tokens = np.asarray(tokens)
   assert tokens.shape == (3000, total) and not np.any(tokens == MASK_ID)
   assert info["num_blocks"] == 1 + -(-(total - context) // block)
@@ -285,21 +366,39 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
 
   prompt = jnp.asarray([1, 0, 1], jnp.int32)
   tokens, info = blockwise.generate_semi_autoregressive(
-      jax.random.PRNGKey(0), eos_loving, batch_size=4, total_length=40, context_length=8,
-      block_length=4, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, prompt=prompt,
-      eos_id=eos, method="ancestral", num_steps=8)
+    jax.random.PRNGKey(0),
+    eos_loving,
+    batch_size=4,
+    total_length=40,
+    context_length=8,
+    block_length=4,
+    schedule=schedules.get_schedule("linear"),
+    mask_id=MASK_ID,
+    prompt=prompt,
+    eos_id=eos,
+    method="ancestral",
+    num_steps=8,
+  )
   tokens, lengths = np.asarray(tokens), np.asarray(info["lengths"])
   assert tokens.shape == (4, 40)
   np.testing.assert_array_equal(tokens[:, :3], np.tile(prompt, (4, 1)))
   assert info["num_blocks"] < 1 + (40 - 8) // 4  # Stopped early: every sequence ended.
   assert info["nfe"] == 8 * info["num_blocks"]
   for row, length in zip(tokens, lengths):
-    assert row[length - 1] == eos and eos not in row[3:length - 1]
+    assert row[length - 1] == eos and eos not in row[3 : length - 1]
     np.testing.assert_array_equal(row[length:], eos)
   with pytest.raises(ValueError, match="block_length"):
     blockwise.generate_semi_autoregressive(
-        jax.random.PRNGKey(0), oracle, batch_size=1, total_length=20, context_length=8,
-        block_length=9, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=4)
+      jax.random.PRNGKey(0),
+      oracle,
+      batch_size=1,
+      total_length=20,
+      context_length=8,
+      block_length=9,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      num_steps=4,
+    )
 
 
 @pytest.mark.slow
@@ -308,10 +407,18 @@ def test_cosine_time_grid_samples_the_chain_exactly(language):
   grid = np.asarray(samplers.time_grid(8, "cosine"))
   assert grid[0] == 0 and grid[-1] == pytest.approx(1.0) and np.all(np.diff(grid) > 0)
   assert np.diff(grid)[0] < 1 / 8 < np.diff(grid)[-1]
-  tokens, _ = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=NUM_SAMPLES, length=LENGTH,
-      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, num_steps=256,
-      time_grid_kind="cosine"))(jax.random.PRNGKey(9))
+  tokens, _ = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=NUM_SAMPLES,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      num_steps=256,
+      time_grid_kind="cosine",
+    )
+  )(jax.random.PRNGKey(9))
   gap, se = _log_prob_gap(language, np.asarray(tokens))
   assert abs(gap) < 4 * se, (gap, se)
 
@@ -320,17 +427,32 @@ def test_cosine_time_grid_samples_the_chain_exactly(language):
 def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, confidence):
   """Linear schedule, T = 4 steps, 12 masks: floor(12·s) stay masked after each step (9, 6, 3, 0),
   and the revealed positions are the most confident ones."""
-  _, info = jax.jit(lambda key: samplers.sample(
-      key, language.denoise_fn(MASK_ID), batch_size=8, length=LENGTH,
-      schedule=schedules.get_schedule("linear"), mask_id=MASK_ID, method="confidence",
-      num_steps=4, confidence=confidence, record_trajectory=True))(jax.random.PRNGKey(1))
+  _, info = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      language.denoise_fn(MASK_ID),
+      batch_size=8,
+      length=LENGTH,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      method="confidence",
+      num_steps=4,
+      confidence=confidence,
+      record_trajectory=True,
+    )
+  )(jax.random.PRNGKey(1))
   states = np.asarray(info["trajectory"]["tokens"])
-  np.testing.assert_array_equal((states == MASK_ID).sum(-1), np.tile([[12], [9], [6], [3], [0]], (1, 8)))
+  np.testing.assert_array_equal(
+    (states == MASK_ID).sum(-1), np.tile([[12], [9], [6], [3], [0]], (1, 8))
+  )
   # Step 1 reveals the 3 positions whose oracle distribution scores highest.
   probs = np.asarray(jax.nn.softmax(language.denoise_fn(MASK_ID)(states[0], None)))
   top2 = np.sort(probs, -1)[..., ::-1][..., :2]
-  score = {"max_prob": top2[..., 0], "margin": top2[..., 0] - top2[..., 1],
-           "neg_entropy": np.sum(probs * np.log(probs), -1)}[confidence]
+  score = {
+    "max_prob": top2[..., 0],
+    "margin": top2[..., 0] - top2[..., 1],
+    "neg_entropy": np.sum(probs * np.log(probs), -1),
+  }[confidence]
   revealed = states[1] != MASK_ID
   for row in range(8):
     assert score[row][revealed[row]].min() >= np.sort(score[row])[-3] - 1e-6
@@ -343,8 +465,9 @@ def test_confidence_stops_calling_once_nothing_is_masked(language):
   states, info = _recorded_states(language, "confidence", 64, record_trajectory=True)
   calls, tokens = states[:-1], states[-1]
   assert int(info["nfe"]) == len(calls) == LENGTH
-  np.testing.assert_array_equal((np.stack(states) == MASK_ID).sum(-1),
-                                np.tile(np.arange(LENGTH, -1, -1)[:, None], (1, 32)))
+  np.testing.assert_array_equal(
+    (np.stack(states) == MASK_ID).sum(-1), np.tile(np.arange(LENGTH, -1, -1)[:, None], (1, 32))
+  )
   recorded = np.asarray(info["trajectory"]["tokens"])
   np.testing.assert_array_equal(recorded[: LENGTH + 1], np.stack(states))
   np.testing.assert_array_equal(recorded[LENGTH:], np.broadcast_to(tokens, recorded[LENGTH:].shape))

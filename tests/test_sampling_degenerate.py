@@ -10,23 +10,30 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from md4jax.diffusion import groundtruth
-from md4jax.diffusion import schedules
+from md4jax.diffusion import groundtruth, schedules
 from md4jax.sampling import samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
 LENGTH = 16
-STEPS = {"ancestral": 24, "cached": 24, "jump": 24, "confidence": 24, "remdm": 24,
-         "first_hitting": None, "threshold": None}
+STEPS = {
+  "ancestral": 24,
+  "cached": 24,
+  "jump": 24,
+  "confidence": 24,
+  "remdm": 24,
+  "first_hitting": None,
+  "threshold": None,
+}
 
 
 def zero_law():
   """Dirichlet(0.05) rows with their tiny entries set to exact zeros: 9 zeros, rows up to 0.99."""
   rows = np.random.default_rng(1).dirichlet(np.full(VOCAB, 0.05), size=VOCAB)
   rows = np.where(rows < 1e-4, 0.0, rows)
-  return groundtruth.MarkovLanguage.from_transition(rows / rows.sum(-1, keepdims=True),
-                                                    initial=np.full(VOCAB, 1.0 / VOCAB))
+  return groundtruth.MarkovLanguage.from_transition(
+    rows / rows.sum(-1, keepdims=True), initial=np.full(VOCAB, 1.0 / VOCAB)
+  )
 
 
 def one_hot_law():
@@ -39,17 +46,27 @@ LAWS = {"zeros": zero_law(), "one_hot": one_hot_law()}
 
 def _sample(language, method, batch_size, seed=0, **kwargs):
   kwargs.setdefault("threshold", 0.9 if method == "threshold" else None)
-  return samplers.sample(jax.random.PRNGKey(seed), language.denoise_fn(MASK_ID),
-                         batch_size=batch_size, length=LENGTH, mask_id=MASK_ID, method=method,
-                         schedule=schedules.get_schedule("linear"), num_steps=STEPS[method],
-                         **kwargs)
+  return samplers.sample(
+    jax.random.PRNGKey(seed),
+    language.denoise_fn(MASK_ID),
+    batch_size=batch_size,
+    length=LENGTH,
+    mask_id=MASK_ID,
+    method=method,
+    schedule=schedules.get_schedule("linear"),
+    num_steps=STEPS[method],
+    **kwargs,
+  )
 
 
 def _assert_clean_within_calls(tokens, info, method, num_steps=None):
   tokens = np.asarray(tokens)
   assert tokens.min() >= 0 and tokens.max() < MASK_ID, (method, tokens.min(), tokens.max())
   calls = int(info["nfe"])
-  assert 1 <= calls <= samplers.max_calls(method, LENGTH, num_steps or STEPS[method]), (method, calls)
+  assert 1 <= calls <= samplers.max_calls(method, LENGTH, num_steps or STEPS[method]), (
+    method,
+    calls,
+  )
 
 
 def test_the_laws_are_degenerate():
@@ -78,8 +95,11 @@ def test_threshold_on_a_peaked_law_returns_within_L_calls(batch_size, threshold)
 
 
 @pytest.mark.parametrize("method", samplers.METHODS)
-@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=0.0),
-                                     dict(temperature=1e-3)], ids=["top_k", "top_p", "greedy", "cold"])
+@pytest.mark.parametrize(
+  "filters",
+  [dict(top_k=1), dict(top_p=1e-6), dict(temperature=0.0), dict(temperature=1e-3)],
+  ids=["top_k", "top_p", "greedy", "cold"],
+)
 def test_filters_that_leave_one_candidate(method, filters):
   tokens, info = _sample(LAWS["zeros"], method, 64, **filters)
   _assert_clean_within_calls(tokens, info, method)
@@ -110,6 +130,7 @@ def test_first_hitting_draws_the_degenerate_law_exactly(law):
 
 # ---- Broken logits
 
+
 def _broken(kind):
   def denoise(z, alpha):
     del alpha
@@ -119,21 +140,33 @@ def _broken(kind):
     if kind == "posinf":
       return logits.at[..., 2].set(jnp.inf)
     return logits - jnp.inf  # "neginf": no token possible.
+
   return denoise
 
 
 def _sample_broken(kind, method, jit):
   def run(key):
-    return samplers.sample(key, _broken(kind), batch_size=8, length=LENGTH, mask_id=MASK_ID,
-                           schedule=schedules.get_schedule("linear"), method=method,
-                           num_steps=STEPS[method], threshold=0.9 if method == "threshold" else None)
+    return samplers.sample(
+      key,
+      _broken(kind),
+      batch_size=8,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      schedule=schedules.get_schedule("linear"),
+      method=method,
+      num_steps=STEPS[method],
+      threshold=0.9 if method == "threshold" else None,
+    )
+
   return (jax.jit(run) if jit else run)(jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("kind", ["nan", "posinf", "neginf"])
 @pytest.mark.parametrize("method", samplers.METHODS)
 def test_broken_logits_are_an_error_naming_the_sampler_and_the_call(kind, method):
-  with pytest.raises(samplers.NonFiniteLogitsError, match=rf"sampler '{method}': network call 1 of "):
+  with pytest.raises(
+    samplers.NonFiniteLogitsError, match=rf"sampler '{method}': network call 1 of "
+  ):
     _sample_broken(kind, method, jit=False)
 
 
@@ -158,9 +191,18 @@ def test_threshold_ends_when_rows_of_probability_zero_get_nan_logits():
     impossible = jnp.any(seen & jnp.isneginf(pair), axis=1)
     return jnp.where(impossible[:, None, None], jnp.nan, oracle(z, alpha))
 
-  run = jax.jit(lambda key: samplers.sample(
-      key, denoise, batch_size=256, length=LENGTH, mask_id=MASK_ID, method="threshold",
-      schedule=schedules.get_schedule("linear"), threshold=0.9))
+  run = jax.jit(
+    lambda key: samplers.sample(
+      key,
+      denoise,
+      batch_size=256,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      method="threshold",
+      schedule=schedules.get_schedule("linear"),
+      threshold=0.9,
+    )
+  )
   tokens, info = run(jax.random.PRNGKey(0))
   _assert_clean_within_calls(tokens, info, "threshold")
   assert int(info["nonfinite_call"]) >= 0  # Such rows did occur, and were reported.
@@ -171,13 +213,21 @@ def test_broken_logits_at_visible_positions_only_are_harmless():
     del alpha
     logits = jnp.zeros(z.shape + (MASK_ID,), jnp.float32)
     return jnp.where((z == MASK_ID)[..., None], logits, jnp.nan)
-  tokens, info = samplers.sample(jax.random.PRNGKey(0), denoise, batch_size=4, length=LENGTH,
-                                 mask_id=MASK_ID, schedule=schedules.get_schedule("linear"),
-                                 method="first_hitting")
+
+  tokens, info = samplers.sample(
+    jax.random.PRNGKey(0),
+    denoise,
+    batch_size=4,
+    length=LENGTH,
+    mask_id=MASK_ID,
+    schedule=schedules.get_schedule("linear"),
+    method="first_hitting",
+  )
   _assert_clean_within_calls(tokens, info, "first_hitting")
 
 
 # ---- Prompts
+
 
 def test_a_prompt_position_given_as_the_mask_id_is_filled_or_refused():
   prompt = jnp.array([3] + [MASK_ID] * (LENGTH - 1))
@@ -191,17 +241,26 @@ def test_a_prompt_position_given_as_the_mask_id_is_filled_or_refused():
 
 # ---- The public function compiles once
 
+
 def test_a_second_call_with_the_same_denoiser_does_not_compile():
   compiles = []
+
   def listen(event, duration, **_):
     if "backend_compile" in event:
       compiles.append(duration)
+
   jax.monitoring.register_event_duration_secs_listener(listen)
   try:
     denoise = LAWS["zeros"].denoise_fn(MASK_ID)
-    run = lambda seed: samplers.sample(jax.random.PRNGKey(seed), denoise, batch_size=64,
-                                       length=LENGTH, mask_id=MASK_ID, method="first_hitting",
-                                       schedule=schedules.get_schedule("linear"))
+    run = lambda seed: samplers.sample(
+      jax.random.PRNGKey(seed),
+      denoise,
+      batch_size=64,
+      length=LENGTH,
+      mask_id=MASK_ID,
+      method="first_hitting",
+      schedule=schedules.get_schedule("linear"),
+    )
     first, _ = run(0)
     compiled = len(compiles)
     second, _ = run(1)

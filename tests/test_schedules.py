@@ -6,6 +6,7 @@ absolute tolerance of a few ulp(1) ≈ 6e-8 (a float32 `1 − x` cannot do bette
 derivatives/weights with a relative tolerance of a few hundred ulp (they pass
 through sin/pow/exp, each good to a few ulp, plus the rounding of t itself).
 """
+
 import dataclasses
 import math
 
@@ -23,14 +24,14 @@ MD4_EPS = 1e-4
 
 # MATH.md table: exact endpoints (α(0), α(1)) for the default parameters.
 EXPECTED_ENDPOINTS = {
-    "linear": (1.0, 0.0),
-    "cosine": (1.0, 0.0),
-    "poly2": (1.0, 0.0),
-    "poly3": (1.0, 0.0),
-    "poly0.5": (1.0, 0.0),
-    "loglinear": (1.0, 1e-3),
-    "geometric": (math.exp(-1e-4), math.exp(-20.0)),
-    "md4linear": (1.0 - MD4_EPS, MD4_EPS),
+  "linear": (1.0, 0.0),
+  "cosine": (1.0, 0.0),
+  "poly2": (1.0, 0.0),
+  "poly3": (1.0, 0.0),
+  "poly0.5": (1.0, 0.0),
+  "loglinear": (1.0, 1e-3),
+  "geometric": (math.exp(-1e-4), math.exp(-20.0)),
+  "md4linear": (1.0 - MD4_EPS, MD4_EPS),
 }
 
 # Grid in (0, 1]: log-spaced near 0, then uniform up to 1 (both ends included).
@@ -38,8 +39,8 @@ GRID = np.unique(np.concatenate([np.geomspace(1e-6, 1e-2, 25), np.linspace(1e-2,
 SMALL_T = np.array([1e-7, 1e-4, 1.0])
 
 # float32 tolerances (see module docstring).
-ATOL32_UNIT = 4e-7   # absolute, for quantities in [0, 1] (~ 7 ulp(1))
-RTOL32 = 2e-5        # relative, for derivatives and weights (~ 170 ulp)
+ATOL32_UNIT = 4e-7  # absolute, for quantities in [0, 1] (~ 7 ulp(1))
+RTOL32 = 2e-5  # relative, for derivatives and weights (~ 170 ulp)
 # float64 tolerances.
 RTOL64 = 1e-12
 ATOL64_UNIT = 1e-14
@@ -56,7 +57,7 @@ def _closed_form_impl(name, t):
     return 1 - t, np.ones_like(t), 1 / t
   if name.startswith("poly"):
     k = float(name[4:])
-    return 1 - t**k, k * t**(k - 1), k / t
+    return 1 - t**k, k * t ** (k - 1), k / t
   if name == "cosine":
     c = np.cos(np.pi / 2 * (1 - t))
     s = np.sin(np.pi / 2 * (1 - t))
@@ -66,7 +67,7 @@ def _closed_form_impl(name, t):
     return 1 - (1 - eps) * t, np.full_like(t, 1 - eps), 1 / t
   if name == "geometric":
     smin, smax = 1e-4, 20.0
-    sbar = smin**(1 - t) * smax**t
+    sbar = smin ** (1 - t) * smax**t
     a = np.exp(-sbar)
     minus_da = a * sbar * np.log(smax / smin)
     return a, minus_da, minus_da / -np.expm1(-sbar)
@@ -82,13 +83,13 @@ def _mask_prob_ref(name, t):
   if name == "linear":
     return t
   if name.startswith("poly"):
-    return t**float(name[4:])
+    return t ** float(name[4:])
   if name == "cosine":
     return np.sin(np.pi * t / 2)
   if name == "loglinear":
     return (1 - 1e-3) * t
   if name == "geometric":
-    return -np.expm1(-(1e-4**(1 - t) * 20.0**t))
+    return -np.expm1(-(1e-4 ** (1 - t) * 20.0**t))
   if name == "md4linear":
     return (1 - 2 * MD4_EPS) * t + MD4_EPS
   raise AssertionError(name)
@@ -104,12 +105,18 @@ def test_endpoints_match_documented_values(name):
   assert s.alpha_at_0 == pytest.approx(a0, rel=1e-15, abs=0)
   assert s.alpha_at_1 == pytest.approx(a1, rel=1e-15, abs=0)
   # float32 evaluation of α agrees with them (absolute tolerance: α ∈ [0, 1]).
-  np.testing.assert_allclose(float(s.alpha(jnp.float32(0.0))), s.alpha_at_0, rtol=1e-6, atol=ATOL32_UNIT)
-  np.testing.assert_allclose(float(s.alpha(jnp.float32(1.0))), s.alpha_at_1, rtol=1e-6, atol=ATOL32_UNIT)
+  np.testing.assert_allclose(
+    float(s.alpha(jnp.float32(0.0))), s.alpha_at_0, rtol=1e-6, atol=ATOL32_UNIT
+  )
+  np.testing.assert_allclose(
+    float(s.alpha(jnp.float32(1.0))), s.alpha_at_1, rtol=1e-6, atol=ATOL32_UNIT
+  )
   # float64 evaluation agrees tightly, also in relative terms (α(1) = 2e-9 for geometric).
   with jax.enable_x64(True):
     np.testing.assert_allclose(float(s.alpha(jnp.float64(0.0))), s.alpha_at_0, rtol=RTOL64, atol=0)
-    np.testing.assert_allclose(float(s.alpha(jnp.float64(1.0))), s.alpha_at_1, rtol=RTOL64, atol=1e-300)
+    np.testing.assert_allclose(
+      float(s.alpha(jnp.float64(1.0))), s.alpha_at_1, rtol=RTOL64, atol=1e-300
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -117,8 +124,9 @@ def test_endpoint_term_flags(name):
   s = get_schedule(name)
   assert s.needs_reconstruction_term == (s.alpha_at_0 < 1.0)
   assert s.needs_prior_term == (s.alpha_at_1 > 0.0)
-  expected = {"geometric": (True, True), "loglinear": (False, True),
-              "md4linear": (True, True)}.get(name, (False, False))
+  expected = {"geometric": (True, True), "loglinear": (False, True), "md4linear": (True, True)}.get(
+    name, (False, False)
+  )
   assert (s.needs_reconstruction_term, s.needs_prior_term) == expected
 
 
@@ -128,9 +136,13 @@ def test_alpha_matches_closed_form(name):
   s = get_schedule(name)
   t = np.concatenate([[0.0], GRID])
   a_ref, _, _ = _closed_form(name, t)
-  np.testing.assert_allclose(np.asarray(s.alpha(jnp.asarray(t, jnp.float32))), a_ref, rtol=1e-6, atol=ATOL32_UNIT)
+  np.testing.assert_allclose(
+    np.asarray(s.alpha(jnp.asarray(t, jnp.float32))), a_ref, rtol=1e-6, atol=ATOL32_UNIT
+  )
   with jax.enable_x64(True):
-    np.testing.assert_allclose(np.asarray(s.alpha(jnp.asarray(t, jnp.float64))), a_ref, rtol=1e-12, atol=ATOL64_UNIT)
+    np.testing.assert_allclose(
+      np.asarray(s.alpha(jnp.asarray(t, jnp.float64))), a_ref, rtol=1e-12, atol=ATOL64_UNIT
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -185,8 +197,9 @@ def test_integral_of_minus_dalpha_is_endpoint_difference(name):
   s = get_schedule(name)
   with jax.enable_x64(True):
     f = jax.jit(lambda t: -s.dalpha(t))
-    value, err = integrate.quad(lambda t: float(f(jnp.float64(t))), 0.0, 1.0,
-                                epsabs=1e-12, epsrel=1e-10, limit=200)
+    value, err = integrate.quad(
+      lambda t: float(f(jnp.float64(t))), 0.0, 1.0, epsabs=1e-12, epsrel=1e-10, limit=200
+    )
   expected = s.alpha_at_0 - s.alpha_at_1
   assert err < 1e-8
   assert value == pytest.approx(expected, rel=1e-8, abs=max(10 * err, 1e-12))
@@ -205,29 +218,35 @@ def test_weight_definition_and_closed_form(name):
     np.testing.assert_allclose(w, defn, rtol=1e-9, atol=1e-14)
     # Closed forms of MATH.md on the whole grid, float64.
     _, _, w_ref = _closed_form(name, GRID)
-    np.testing.assert_allclose(np.asarray(s.weight(jnp.asarray(GRID, jnp.float64))), w_ref, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+      np.asarray(s.weight(jnp.asarray(GRID, jnp.float64))), w_ref, rtol=1e-10, atol=1e-14
+    )
   # float32 weight agrees with the float64 closed form everywhere on the grid.
   t32 = jnp.asarray(GRID, jnp.float32)
   _, _, w_ref32 = _closed_form(name, np.asarray(t32, np.float64))
   np.testing.assert_allclose(np.asarray(s.weight(t32)), w_ref32, rtol=RTOL32, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "geometric"])  # geometric: no simple form
+@pytest.mark.parametrize(
+  "name", [n for n in NAMES if n != "geometric"]
+)  # geometric: no simple form
 def test_weight_simple_closed_forms(name):
   """The table's simple forms: linear/loglinear 1/t, polyK K/t, cosine (π/2)/tan(πt/2)."""
   s = get_schedule(name)
   t = GRID
   simple = {
-      "linear": lambda t: 1 / t,
-      "loglinear": lambda t: 1 / t,
-      "poly2": lambda t: 2 / t,
-      "poly3": lambda t: 3 / t,
-      "poly0.5": lambda t: 0.5 / t,
-      "cosine": lambda t: (np.pi / 2) / np.tan(np.pi * t / 2),
-      "md4linear": lambda t: (1 - 2 * MD4_EPS) / ((1 - 2 * MD4_EPS) * t + MD4_EPS),
+    "linear": lambda t: 1 / t,
+    "loglinear": lambda t: 1 / t,
+    "poly2": lambda t: 2 / t,
+    "poly3": lambda t: 3 / t,
+    "poly0.5": lambda t: 0.5 / t,
+    "cosine": lambda t: (np.pi / 2) / np.tan(np.pi * t / 2),
+    "md4linear": lambda t: (1 - 2 * MD4_EPS) / ((1 - 2 * MD4_EPS) * t + MD4_EPS),
   }
   with jax.enable_x64(True):
-    np.testing.assert_allclose(np.asarray(s.weight(jnp.asarray(t, jnp.float64))), simple[name](t), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+      np.asarray(s.weight(jnp.asarray(t, jnp.float64))), simple[name](t), rtol=1e-10, atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -274,9 +293,10 @@ def test_md4linear_is_md4s_squeezed_linear_schedule():
   """α(t) = (1 − 2ε)(1 − t) + ε exactly at float32, as MD4 computes it; w(0) = (1 − 2ε)/ε."""
   s = get_schedule("md4linear")
   t = jnp.asarray(GRID, jnp.float32)
-  np.testing.assert_array_equal(np.asarray(s.alpha(t)),
-                                np.float32(1 - 2 * MD4_EPS) * (np.float32(1) - np.asarray(t))
-                                + np.float32(MD4_EPS))
+  np.testing.assert_array_equal(
+    np.asarray(s.alpha(t)),
+    np.float32(1 - 2 * MD4_EPS) * (np.float32(1) - np.asarray(t)) + np.float32(MD4_EPS),
+  )
   assert float(s.weight(jnp.float32(0.0))) == pytest.approx((1 - 2 * MD4_EPS) / MD4_EPS, rel=1e-6)
 
 
@@ -310,7 +330,9 @@ def test_get_schedule_types_and_params():
     assert get_schedule(name).name == name
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: schedules.LogLinear(eps=1.5),
     lambda: schedules.LogLinear(eps=1.0),
     lambda: schedules.LogLinear(eps=-0.1),
@@ -323,7 +345,8 @@ def test_get_schedule_types_and_params():
     lambda: schedules.MD4Linear(eps=-1e-4),
     lambda: get_schedule("loglinear", eps=1.5),
     lambda: get_schedule("geometric", sigma_min=5.0, sigma_max=1.0),
-])
+  ],
+)
 def test_invalid_params_raise(make):
   with pytest.raises(ValueError):
     make()

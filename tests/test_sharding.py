@@ -17,9 +17,16 @@ def _mesh_config(data_axis, fsdp, tensor):
   return ml_collections.ConfigDict({"data": data_axis, "fsdp": fsdp, "tensor": tensor})
 
 
-@pytest.mark.parametrize("sizes, expected", [
-    ((-1, 1, 1), (8, 1, 1)), ((1, -1, 1), (1, 8, 1)), ((2, -1, 2), (2, 2, 2)), ((2, 2, 2), (2, 2, 2)),
-    ((-1, 4, 1), (2, 4, 1))])
+@pytest.mark.parametrize(
+  "sizes, expected",
+  [
+    ((-1, 1, 1), (8, 1, 1)),
+    ((1, -1, 1), (1, 8, 1)),
+    ((2, -1, 2), (2, 2, 2)),
+    ((2, 2, 2), (2, 2, 2)),
+    ((-1, 4, 1), (2, 4, 1)),
+  ],
+)
 def test_mesh_shape_fills_the_devices(sizes, expected):
   assert sharding.mesh_shape(_mesh_config(*sizes), 8) == expected
 
@@ -28,19 +35,31 @@ def test_make_mesh_names_its_axes_and_uses_every_device():
   config = config_lib.load_config("tiny")
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, -1, 2
   mesh = sharding.make_mesh(config)
-  assert mesh.axis_names == sharding.MESH_AXES and dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert mesh.axis_names == sharding.MESH_AXES and dict(mesh.shape) == {
+    "data": 2,
+    "fsdp": 2,
+    "tensor": 2,
+  }
   assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
-  assert sharding.make_mesh(config_lib.load_config("tiny"), jax.devices()[:1]).devices.shape == (1, 1, 1)
+  assert sharding.make_mesh(config_lib.load_config("tiny"), jax.devices()[:1]).devices.shape == (
+    1,
+    1,
+    1,
+  )
 
 
 def test_every_logical_axis_of_the_model_has_a_rule():
   config = config_lib.load_config("tiny")
   config.model.time_conditioning, config.model.scan_layers = "adaln", True
   model = state_lib.build_model(config)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32),
-                                            jnp.ones((1,))))["params"]
-  names = {name for box in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
-           for name in box.names}
+  boxed = jax.eval_shape(
+    lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32), jnp.ones((1,)))
+  )["params"]
+  names = {
+    name
+    for box in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    for name in box.names
+  }
   assert names <= {logical for logical, _ in sharding.LOGICAL_AXIS_RULES}, names
 
 
@@ -59,7 +78,11 @@ def test_activations_are_constrained_to_the_batch_axes():
   text = jax.jit(apply).lower(params, tokens).as_text()
   assert "sharding_constraint" in text and '"fsdp"' in text
   logits = jax.jit(apply)(params, tokens)
-  assert logits.sharding.shard_shape(logits.shape) == (1, 16, 8)  # Rows split 8 ways, the rest whole.
+  assert logits.sharding.shard_shape(logits.shape) == (
+    1,
+    16,
+    8,
+  )  # Rows split 8 ways, the rest whole.
 
 
 def test_one_process_holds_the_whole_batch_and_device_batch_splits_it():

@@ -17,8 +17,12 @@ def load_config(name):
 
 def test_weight_decay_skips_norms_and_vectors():
   config = load_config("tiny")
-  params = state_lib.init_state(config, state_lib.build_model(config), state_lib.make_optimizer(config),
-                                sharding.make_mesh(config, jax.devices()[:1])).params
+  params = state_lib.init_state(
+    config,
+    state_lib.build_model(config),
+    state_lib.make_optimizer(config),
+    sharding.make_mesh(config, jax.devices()[:1]),
+  ).params
   mask = state_lib.weight_decay_mask(params)
   assert mask["block_0"]["attn"]["qkv"]["kernel"] and mask["embed"]["embedding"]
   assert not mask["final_norm"]["scale"] and not mask["block_0"]["attn_norm"]["scale"]
@@ -36,8 +40,10 @@ def test_learning_rate_warms_up_then_decays_to_zero():
 def _bytes_per_device(config, devices):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, sharding.make_mesh(config, devices))
-  return {name: max(sharding.bytes_per_device(getattr(state, name)).values())
-          for name in ("params", "opt_state", "ema_params")}
+  return {
+    name: max(sharding.bytes_per_device(getattr(state, name)).values())
+    for name in ("params", "opt_state", "ema_params")
+  }
 
 
 def test_fsdp_shards_params_optimizer_state_and_ema():
@@ -46,7 +52,9 @@ def test_fsdp_shards_params_optimizer_state_and_ema():
   whole = _bytes_per_device(config, jax.devices()[:1])
   sharded = _bytes_per_device(config, jax.devices())
   # Every matrix and norm scale has an "embed" axis, sharded 8 ways; Adam's step count is whole.
-  assert sharded["params"] * 8 == whole["params"] and sharded["ema_params"] * 8 == whole["ema_params"]
+  assert (
+    sharded["params"] * 8 == whole["params"] and sharded["ema_params"] * 8 == whole["ema_params"]
+  )
   assert sharded["opt_state"] * 8 <= whole["opt_state"] + 8 * 64
 
 
@@ -54,8 +62,9 @@ def test_state_leaves_get_their_logical_shardings():
   config = load_config("tiny")
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
   mesh = sharding.make_mesh(config)
-  abstract = state_lib.abstract_state(config, state_lib.build_model(config),
-                                      state_lib.make_optimizer(config), mesh)
+  abstract = state_lib.abstract_state(
+    config, state_lib.build_model(config), state_lib.make_optimizer(config), mesh
+  )
   spec = lambda leaf: tuple(leaf.sharding.spec)
   attention = abstract.params["block_0"]["attn"]
   assert spec(attention["qkv"]["kernel"]) == ("fsdp", None, "tensor", None)
@@ -74,10 +83,15 @@ def test_state_leaves_get_their_logical_shardings():
 def test_bfloat16_compute_keeps_float32_params_and_optimizer_state():
   config = load_config("tiny")
   config.model.dtype = "bfloat16"
-  abstract = state_lib.abstract_state(config, state_lib.build_model(config),
-                                      state_lib.make_optimizer(config),
-                                      sharding.make_mesh(config, jax.devices()[:1]))
-  floats = [leaf.dtype for leaf in jax.tree.leaves((abstract.params, abstract.opt_state,
-                                                    abstract.ema_params))
-            if jnp.issubdtype(leaf.dtype, jnp.floating)]
+  abstract = state_lib.abstract_state(
+    config,
+    state_lib.build_model(config),
+    state_lib.make_optimizer(config),
+    sharding.make_mesh(config, jax.devices()[:1]),
+  )
+  floats = [
+    leaf.dtype
+    for leaf in jax.tree.leaves((abstract.params, abstract.opt_state, abstract.ema_params))
+    if jnp.issubdtype(leaf.dtype, jnp.floating)
+  ]
   assert floats and all(dtype == jnp.float32 for dtype in floats)

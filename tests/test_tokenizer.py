@@ -1,12 +1,15 @@
 """Tests for md4jax.data.tokenizer: round trips, save/load, resume, errors."""
+
 import numpy as np
 import pytest
 
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.data.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer
 
-_WORDS = ("the cat sat on a mat while dogs ran far away under big blue skies and "
-          "seven quiet rivers flowed into the sea Überall café naïve").split()
+_WORDS = (
+  "the cat sat on a mat while dogs ran far away under big blue skies and "
+  "seven quiet rivers flowed into the sea Überall café naïve"
+).split()
 
 
 def _documents(n=200, seed=0):
@@ -65,8 +68,7 @@ def test_bpe_trains_round_trips_and_saves(tmp_path):
   assert all(tok.decode(i) == d for i, d in zip(ids, docs))
   # Merges were learned: fewer tokens than bytes.
   assert sum(map(len, ids)) < 0.5 * sum(len(d.encode()) for d in docs)
-  np.testing.assert_array_equal(np.concatenate(tok.encode_batch(docs[:5])),
-                                np.concatenate(ids[:5]))
+  np.testing.assert_array_equal(np.concatenate(tok.encode_batch(docs[:5])), np.concatenate(ids[:5]))
   path = tok.save(tmp_path)
   assert path.name == "tokenizer.json"
   loaded = tokenizer_lib.load(path)
@@ -75,9 +77,16 @@ def test_bpe_trains_round_trips_and_saves(tmp_path):
     np.testing.assert_array_equal(loaded.encode(d), i)
 
 
-@pytest.mark.parametrize("tok", [CharTokenizer.text8(), CharTokenizer("xyz", eos=True),
-                                 ByteTokenizer(), ByteTokenizer(eos=False)],
-                         ids=["text8", "char_eos", "byte", "byte_noeos"])
+@pytest.mark.parametrize(
+  "tok",
+  [
+    CharTokenizer.text8(),
+    CharTokenizer("xyz", eos=True),
+    ByteTokenizer(),
+    ByteTokenizer(eos=False),
+  ],
+  ids=["text8", "char_eos", "byte", "byte_noeos"],
+)
 def test_char_byte_save_load(tmp_path, tok):
   tok.save(tmp_path)
   loaded = tokenizer_lib.load(tmp_path)
@@ -88,12 +97,14 @@ def test_char_byte_save_load(tmp_path, tok):
 
 def test_make_tokenizer_reuses_the_saved_one_on_resume(tmp_path):
   docs = _documents()
-  first = tokenizer_lib.make_tokenizer("bpe", train_text_iter=docs, vocab_size=350,
-                                       workdir=tmp_path)
+  first = tokenizer_lib.make_tokenizer(
+    "bpe", train_text_iter=docs, vocab_size=350, workdir=tmp_path
+  )
   assert (tmp_path / "tokenizer.json").is_file()
   # On resume there is no training text (nor would new text change the tokenizer).
-  resumed = tokenizer_lib.make_tokenizer("bpe", train_text_iter=["zzz"], vocab_size=999,
-                                         workdir=tmp_path)
+  resumed = tokenizer_lib.make_tokenizer(
+    "bpe", train_text_iter=["zzz"], vocab_size=999, workdir=tmp_path
+  )
   assert resumed.vocab_size == 350
   for d in docs[:20]:
     np.testing.assert_array_equal(resumed.encode(d), first.encode(d))
@@ -109,18 +120,22 @@ def test_make_tokenizer_kinds(tmp_path):
   assert tokenizer_lib.make_tokenizer("byte").vocab_size == 257
   # A local tokenizer.json (as GPT-2's would be) is used as is and copied to the workdir.
   BpeTokenizer.train(docs, 300).save(tmp_path / "pretrained")
-  tok = tokenizer_lib.make_tokenizer("bpe", path=tmp_path / "pretrained" / "tokenizer.json",
-                                     workdir=tmp_path / "w")
+  tok = tokenizer_lib.make_tokenizer(
+    "bpe", path=tmp_path / "pretrained" / "tokenizer.json", workdir=tmp_path / "w"
+  )
   assert tok.vocab_size == 300 and (tmp_path / "w" / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
     (dict(kind="wordpiece"), ValueError, "Unknown tokenizer kind"),
     (dict(kind="bpe"), ValueError, "needs training text"),
     (dict(kind="bpe", train_text_iter=["a b"]), ValueError, "needs vocab_size"),
     (dict(kind="bpe", train_text_iter=["a b"], vocab_size=100), ValueError, "smaller than"),
     (dict(kind="bpe", path="/nonexistent/tokenizer.json"), FileNotFoundError, "No tokenizer"),
-])
+  ],
+)
 def test_make_tokenizer_errors(kwargs, error, match):
   kind = kwargs.pop("kind")
   with pytest.raises(error, match=match):
@@ -130,8 +145,11 @@ def test_make_tokenizer_errors(kwargs, error, match):
 def test_byte_lengths_count_the_utf8_bytes_of_encoded_text():
   docs = _documents() + ["ünseen 😀 emoji and ß"]
   text = "\n".join(docs)
-  tokenizers = [BpeTokenizer.train(docs, vocab_size=320), CharTokenizer.from_texts([text]),
-                ByteTokenizer()]
+  tokenizers = [
+    BpeTokenizer.train(docs, vocab_size=320),
+    CharTokenizer.from_texts([text]),
+    ByteTokenizer(),
+  ]
   for tok in tokenizers:
     for doc in docs[:20] + docs[-1:]:
       assert tok.byte_lengths[tok.encode(doc)].sum() == len(doc.encode("utf-8")), (tok.kind, doc)
@@ -140,6 +158,7 @@ def test_byte_lengths_count_the_utf8_bytes_of_encoded_text():
 
 def test_byte_lengths_are_unknown_for_wordpiece():
   from tokenizers import Tokenizer, decoders, models  # pylint: disable=g-import-not-at-top
+
   wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
   wordpiece.decoder = decoders.WordPiece()
   assert BpeTokenizer(wordpiece).byte_lengths is None

@@ -14,7 +14,6 @@ from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 from md4jax.training import train
 
-
 # Loss of the first step of configs/tiny.py on one device. It changes only when the
 # model, the objective, the data or the initialization change on purpose: update it then.
 # (Changed when each row's draws came to depend on its global row index only, and when the
@@ -49,16 +48,23 @@ def assert_same_run(run_a, run_b, rtol=1e-5):
   for m_a, m_b in zip(metrics_a, metrics_b):
     for name in m_a:
       np.testing.assert_allclose(m_b[name], m_a[name], rtol=rtol, err_msg=name)
-  chex.assert_trees_all_close(jax.device_get(state_a), jax.device_get(state_b), rtol=rtol, atol=1e-7)
+  chex.assert_trees_all_close(
+    jax.device_get(state_a), jax.device_get(state_b), rtol=rtol, atol=1e-7
+  )
 
 
 def test_golden_loss_after_one_step():
   _, [metrics] = first_steps(load_config("tiny"), jax.devices()[:1])
   np.testing.assert_allclose(
-      metrics["loss"], GOLDEN_TINY_FIRST_LOSS, rtol=1e-5,
-      err_msg="The first-step loss of configs/tiny.py changed. It changes only on purpose "
-              "(model, objective, data or init); if so, update GOLDEN_TINY_FIRST_LOSS.")
-  np.testing.assert_allclose(metrics["nelbo_bits_per_token"], metrics["loss"] / math.log(2), rtol=1e-6)
+    metrics["loss"],
+    GOLDEN_TINY_FIRST_LOSS,
+    rtol=1e-5,
+    err_msg="The first-step loss of configs/tiny.py changed. It changes only on purpose "
+    "(model, objective, data or init); if so, update GOLDEN_TINY_FIRST_LOSS.",
+  )
+  np.testing.assert_allclose(
+    metrics["nelbo_bits_per_token"], metrics["loss"] / math.log(2), rtol=1e-6
+  )
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,9 @@ def one_device_run():
   return first_steps(load_config("tiny"), jax.devices()[:1], num_steps=2)
 
 
-@pytest.mark.parametrize("mesh", [dict(data=8), dict(data=1, fsdp=8), dict(data=2, fsdp=2, tensor=2)])
+@pytest.mark.parametrize(
+  "mesh", [dict(data=8), dict(data=1, fsdp=8), dict(data=2, fsdp=2, tensor=2)]
+)
 def test_every_mesh_matches_one_device(one_device_run, mesh):
   assert len(jax.devices()) == 8, "tests/conftest.py should provide 8 CPU devices"
   run = first_steps(load_config("tiny", **mesh), jax.devices(), num_steps=2)
@@ -102,9 +110,11 @@ def test_ema_warm_up_forgets_the_random_init():
   for n in range(1, 1001):
     init_weight *= float(train.ema_decay_at(jnp.int32(n - 1), decay))
     if n in (10, 100, 1000):
-      assert init_weight == pytest.approx(math.factorial(9) * math.factorial(n) / math.factorial(n + 9), rel=1e-3)
-  assert init_weight < 1e-20 < 0.999 ** 1000  # vs 37% without the warm-up.
-  assert float(train.ema_decay_at(jnp.int32(10 ** 6), decay)) == pytest.approx(decay)  # Capped.
+      assert init_weight == pytest.approx(
+        math.factorial(9) * math.factorial(n) / math.factorial(n + 9), rel=1e-3
+      )
+  assert init_weight < 1e-20 < 0.999**1000  # vs 37% without the warm-up.
+  assert float(train.ema_decay_at(jnp.int32(10**6), decay)) == pytest.approx(decay)  # Capped.
   # In a train step: EMA_1 = 0.1 · init + 0.9 · params_1.
   config = load_config("tiny", data=1)
   mesh = sharding.make_mesh(config, jax.devices()[:1])
@@ -123,27 +133,41 @@ def test_md4_optimizer_options():
   base.unlock()
   base.optimizer.ema_decay = 0.9
   md4 = base.copy_and_resolve_references()
-  md4.optimizer.ema_warmup, md4.training.loss_units, md4.optimizer.grad_clip_norm = False, "bits", 0.0
+  md4.optimizer.ema_warmup, md4.training.loss_units, md4.optimizer.grad_clip_norm = (
+    False,
+    "bits",
+    0.0,
+  )
   mesh = sharding.make_mesh(md4, jax.devices()[:1])
   model = state_lib.build_model(md4)
-  init = jax.device_get(state_lib.init_state(md4, model, state_lib.make_optimizer(md4), mesh).params)
+  init = jax.device_get(
+    state_lib.init_state(md4, model, state_lib.make_optimizer(md4), mesh).params
+  )
   (state, [metrics]), (_, [nats_metrics]) = (first_steps(c, jax.devices()[:1]) for c in (md4, base))
   expected = jax.tree.map(lambda i, p: 0.9 * i + 0.1 * p, init, jax.device_get(state.params))
   chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(metrics["grad_norm"], nats_metrics["grad_norm"] / math.log(2), rtol=1e-5)
+  np.testing.assert_allclose(
+    metrics["grad_norm"], nats_metrics["grad_norm"] / math.log(2), rtol=1e-5
+  )
   np.testing.assert_allclose(metrics["loss"], nats_metrics["loss"], rtol=1e-6)  # Reported in nats.
   assert train.ema_decay_at(jnp.int32(5), 0.9, warmup=False) == 0.9
   # No clipping: the optimizer is AdamW itself, on gradients of any norm (two steps, since one
   # Adam step does not see a gradient's scale).
   grads = [{"w": jnp.full((3,), 1e3)}, {"w": jnp.asarray([1.0, -2.0, 0.5])}]
   params = {"w": jnp.zeros((3,))}
+
   def updates(optimizer):
     opt_state, out = optimizer.init(params), []
     for g in grads:
       update, opt_state = optimizer.update(g, opt_state, params)
       out.append(update["w"])
     return np.asarray(out)
-  adamw = state_lib.optax.adamw(state_lib.learning_rate_schedule(md4), b1=md4.optimizer.b1,
-                                b2=md4.optimizer.b2, weight_decay=0.0)
+
+  adamw = state_lib.optax.adamw(
+    state_lib.learning_rate_schedule(md4),
+    b1=md4.optimizer.b1,
+    b2=md4.optimizer.b2,
+    weight_decay=0.0,
+  )
   np.testing.assert_allclose(updates(state_lib.make_optimizer(md4)), updates(adamw), rtol=1e-6)
   assert not np.allclose(updates(state_lib.make_optimizer(base)), updates(adamw), rtol=1e-3)

@@ -1,4 +1,5 @@
 """Tests of md4jax.sampling.trajectory on hand-built trajectories with a known reveal order."""
+
 import html.parser
 import json
 import os
@@ -23,8 +24,8 @@ def decode(i):
 
 def make_trajectory(with_alphas=True):
   """tokens[s] holds the final token at positions revealed by step s, MASK elsewhere."""
-  final = np.stack([np.arange(L), np.arange(L) + 10])                     # [B, L]
-  reveal = np.stack([REVEAL_STEP, REVEAL_STEP[::-1]])                     # [B, L]
+  final = np.stack([np.arange(L), np.arange(L) + 10])  # [B, L]
+  reveal = np.stack([REVEAL_STEP, REVEAL_STEP[::-1]])  # [B, L]
   steps = np.arange(S + 1)[:, None, None]
   tokens = np.where(reveal[None] <= steps, final[None], MASK).astype(np.int32)
   rng = np.random.default_rng(0)
@@ -50,7 +51,9 @@ class _Collector(html.parser.HTMLParser):
     attrs = dict(attrs)
     self.tags.append((tag, attrs))
     self._in_json = tag == "script" and attrs.get("id") == "trajectory-data"
-    self._in_tok = tag == "span" and "tok" in (attrs.get("class") or "").split() and "data-pos" in attrs
+    self._in_tok = (
+      tag == "span" and "tok" in (attrs.get("class") or "").split() and "data-pos" in attrs
+    )
     if self._in_tok:
       self.token_spans.append("")
 
@@ -98,9 +101,13 @@ def test_alphas_optional_and_per_sample():
   t = make_trajectory(with_alphas=False)
   data = json.loads("".join(parse(traj.render_html(t, mask_id=MASK, decode=decode)).json_text))
   assert data["alphas"] is None
-  t["alphas"] = np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]])  # [S, B], as the samplers record
+  t["alphas"] = np.array(
+    [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]]
+  )  # [S, B], as the samplers record
   page = traj.render_html(t, mask_id=MASK, decode=decode, sample_index=1)
-  np.testing.assert_allclose(json.loads("".join(parse(page).json_text))["alphas"], [0.2, 0.4, 0.6, 0.8])
+  np.testing.assert_allclose(
+    json.loads("".join(parse(page).json_text))["alphas"], [0.2, 0.4, 0.6, 0.8]
+  )
 
 
 def test_special_characters_are_escaped():
@@ -122,17 +129,23 @@ def test_special_characters_are_escaped():
   assert "&lt;Title &amp; &quot;stuff&quot;&gt;" in page
 
 
-@pytest.mark.parametrize("mutate, message", [
+@pytest.mark.parametrize(
+  "mutate, message",
+  [
     (lambda t: t.update(tokens=t["tokens"][0]), "tokens must be 3-D"),
     (lambda t: t.update(tokens=t["tokens"].astype(np.float32)), "tokens must be integers"),
     (lambda t: t.update(top_ids=t["top_ids"][:-1]), "top_ids must have shape"),
     (lambda t: t.update(top_ids=t["top_ids"][:, :, :-1]), "top_ids must have shape"),
     (lambda t: t.update(top_ids=t["top_ids"][..., 0]), "top_ids must have shape"),
     (lambda t: t.update(top_probs=t["top_probs"][..., :-1]), "top_probs shape"),
-    (lambda t: t.update(top_probs=np.full_like(t["top_probs"], np.nan)), "top_probs must be finite"),
+    (
+      lambda t: t.update(top_probs=np.full_like(t["top_probs"], np.nan)),
+      "top_probs must be finite",
+    ),
     (lambda t: t.update(alphas=np.zeros(S + 1)), "alphas must have shape"),
     (lambda t: t.pop("top_probs"), "missing 'top_probs'"),
-])
+  ],
+)
 def test_validation_errors(mutate, message):
   t = make_trajectory()
   mutate(t)
@@ -157,6 +170,7 @@ def test_write_html(tmp_path):
 
 def _gif_frames(path):
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   with Image.open(path) as im:
     assert im.format == "GIF" and im.is_animated
     frames = []
@@ -170,7 +184,10 @@ def _gif_frames(path):
 def test_gif(tmp_path, max_frames):
   pytest.importorskip("PIL")
   path = str(tmp_path / "t.gif")
-  assert traj.render_gif(make_trajectory(), path, mask_id=MASK, decode=decode, max_frames=max_frames) == path
+  assert (
+    traj.render_gif(make_trajectory(), path, mask_id=MASK, decode=decode, max_frames=max_frames)
+    == path
+  )
   frames = _gif_frames(path)
   assert len(frames) == min(S + 1, max_frames)
   for a, b in zip(frames, frames[1:]):
@@ -188,7 +205,9 @@ def test_gif_subsampling_steps():
     assert steps[0] == 0 and steps[-1] == num_steps
     assert len(steps) == min(num_steps + 1, max_frames)
   with pytest.raises(ValueError, match="max_frames must be >= 2"):
-    traj.render_gif(make_trajectory(), "/nonexistent/x.gif", mask_id=MASK, decode=decode, max_frames=1)
+    traj.render_gif(
+      make_trajectory(), "/nonexistent/x.gif", mask_id=MASK, decode=decode, max_frames=1
+    )
 
 
 def test_chromium_renders_last_step(tmp_path):
@@ -197,9 +216,19 @@ def test_chromium_renders_last_step(tmp_path):
     pytest.skip("chromium not installed")
   t = make_trajectory()
   path = traj.write_html(str(tmp_path / "t.html"), t, mask_id=MASK, decode=decode)
-  cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", "file://" + os.path.abspath(path)]
+  cmd = [
+    browser,
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    f"--user-data-dir={tmp_path / 'profile'}",
+    "--dump-dom",
+    "file://" + os.path.abspath(path),
+  ]
   result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   dom = parse(result.stdout)

@@ -42,6 +42,7 @@ DATASETS = ("text8", "localtext", "conditional", "lm1b", "owt")
 @dataclasses.dataclass(frozen=True)
 class Corpus:
   """Document splits; `key` identifies the content (for tokenization caches)."""
+
   name: str
   train: Iterable[str]
   validation: Iterable[str]
@@ -74,10 +75,12 @@ def not_utf8_error(path, data: Optional[bytes] = None) -> ValueError:
       decoder.decode(chunk)
     except UnicodeDecodeError as e:
       bad = offset + max(e.start - (len(e.object) - len(chunk)), 0)
-      line += chunk[:max(bad - offset, 0)].count(b"\n")
-      return ValueError(f"{path} is not UTF-8 text: byte {bad} (line {line}) is "
-                        f"{chunk[bad - offset:bad - offset + 1]!r}; save it as UTF-8, or point "
-                        "config.data.path at text files.")
+      line += chunk[: max(bad - offset, 0)].count(b"\n")
+      return ValueError(
+        f"{path} is not UTF-8 text: byte {bad} (line {line}) is "
+        f"{chunk[bad - offset : bad - offset + 1]!r}; save it as UTF-8, or point "
+        "config.data.path at text files."
+      )
     offset += len(chunk)
     line += chunk.count(b"\n")
   return ValueError(f"{path} is not UTF-8 text; save it as UTF-8.")
@@ -93,8 +96,9 @@ def read_text8(path) -> str:
   """The text of a text8-format file (or a .zip holding one), validated."""
   path = pathlib.Path(path)
   if not path.is_file():
-    raise FileNotFoundError(f"text8 path {str(path)!r} is not a file "
-                            "(expected text8 or text8.zip).")
+    raise FileNotFoundError(
+      f"text8 path {str(path)!r} is not a file (expected text8 or text8.zip)."
+    )
   if zipfile.is_zipfile(path):
     with zipfile.ZipFile(path) as zf:
       names = [n for n in zf.namelist() if not n.endswith("/")]
@@ -114,9 +118,11 @@ def read_text8(path) -> str:
   bad = set(text) - set(TEXT8_ALPHABET)
   if bad:
     first = min(text.find(c) for c in bad)
-    raise ValueError(f"{path} is not text8-format (only a-z and space allowed): found "
-                     f"{sorted(bad)[:10]!r}, first at character {first}: "
-                     f"{text[max(0, first - 20):first + 20]!r}.")
+    raise ValueError(
+      f"{path} is not text8-format (only a-z and space allowed): found "
+      f"{sorted(bad)[:10]!r}, first at character {first}: "
+      f"{text[max(0, first - 20) : first + 20]!r}."
+    )
   return text
 
 
@@ -144,8 +150,14 @@ def text8(path) -> Corpus:
 
 def _file_key(files: Sequence) -> str:
   # Path, size and mtime: a changed file invalidates caches built from it.
-  stats = [(str(pathlib.Path(f).resolve()), pathlib.Path(f).stat().st_size,
-            pathlib.Path(f).stat().st_mtime_ns) for f in files]
+  stats = [
+    (
+      str(pathlib.Path(f).resolve()),
+      pathlib.Path(f).stat().st_size,
+      pathlib.Path(f).stat().st_mtime_ns,
+    )
+    for f in files
+  ]
   return json.dumps(stats)
 
 
@@ -156,8 +168,9 @@ def list_files(path) -> list:
     return [path]
   if not path.is_dir():
     raise FileNotFoundError(f"Corpus path {str(path)!r} does not exist.")
-  files = sorted(p for p in path.rglob("*")
-                 if p.is_file() and p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+  files = sorted(
+    p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES
+  )
   if not files:
     raise ValueError(f"Folder {path} holds no {'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} files.")
   return files
@@ -165,6 +178,7 @@ def list_files(path) -> list:
 
 class Example(NamedTuple):
   """A conditional example: the response is generated given the prompt."""
+
   prompt: str
   response: str
   where: str  # "file:line", for error messages.
@@ -177,16 +191,19 @@ def _string_field(record, name: str, where: str, key: str) -> str:
   return record[name]
 
 
-def _read_documents(path: pathlib.Path, text_field: str,
-                    pair_fields: Optional[tuple] = None) -> Iterator:
+def _read_documents(
+  path: pathlib.Path, text_field: str, pair_fields: Optional[tuple] = None
+) -> Iterator:
   """Documents of one file: non-blank lines, or a text field of each JSON line.
 
   With pair_fields = (prompt field, response field): an Example of each JSON line.
   """
   is_jsonl = path.suffix in JSONL_SUFFIXES
   if pair_fields and not is_jsonl:
-    raise ValueError(f"{path}: conditional data is JSONL ({'/'.join(JSONL_SUFFIXES)} files with "
-                     f"{pair_fields[0]!r} and {pair_fields[1]!r} fields per line), not {path.suffix!r}.")
+    raise ValueError(
+      f"{path}: conditional data is JSONL ({'/'.join(JSONL_SUFFIXES)} files with "
+      f"{pair_fields[0]!r} and {pair_fields[1]!r} fields per line), not {path.suffix!r}."
+    )
   try:
     yield from _read_lines(path, text_field, pair_fields, is_jsonl)
   except UnicodeDecodeError:
@@ -208,8 +225,10 @@ def _read_lines(path: pathlib.Path, text_field: str, pair_fields: Optional[tuple
       except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e}).") from None
       if pair_fields:
-        prompt, response = (_string_field(record, name, where, key) for name, key in
-                            zip(pair_fields, ("prompt_field", "response_field")))
+        prompt, response = (
+          _string_field(record, name, where, key)
+          for name, key in zip(pair_fields, ("prompt_field", "response_field"))
+        )
         yield Example(prompt, response, where)
       else:
         yield _string_field(record, text_field, where, "text_field")
@@ -226,9 +245,15 @@ class Documents:
   With pair_fields = (prompt field, response field) the documents are Examples.
   """
 
-  def __init__(self, files: Sequence, text_field: str = "text", start: int = 0,
-               stop: Optional[int] = None, counts: Optional[Sequence[int]] = None,
-               pair_fields: Optional[tuple] = None):
+  def __init__(
+    self,
+    files: Sequence,
+    text_field: str = "text",
+    start: int = 0,
+    stop: Optional[int] = None,
+    counts: Optional[Sequence[int]] = None,
+    pair_fields: Optional[tuple] = None,
+  ):
     self.files = [pathlib.Path(f) for f in files]
     self.text_field, self.pair_fields = text_field, pair_fields
     self.counts = list(counts) if counts is not None else [_count_documents(f) for f in self.files]
@@ -243,8 +268,10 @@ class Documents:
   def split(self, at: int) -> tuple:
     """(documents [0, at), documents [at, len)) of this range."""
     mid = self.start + at
-    return (Documents(self.files, self.text_field, self.start, mid, self.counts, self.pair_fields),
-            Documents(self.files, self.text_field, mid, self.stop, self.counts, self.pair_fields))
+    return (
+      Documents(self.files, self.text_field, self.start, mid, self.counts, self.pair_fields),
+      Documents(self.files, self.text_field, mid, self.stop, self.counts, self.pair_fields),
+    )
 
   def __iter__(self) -> Iterator:
     first = 0  # Index of the file's first document.
@@ -281,9 +308,15 @@ class _Texts:
         yield doc
 
 
-def local_corpus(path, *, text_field: str = "text", validation_fraction: float = 0.05,
-                 max_validation: Optional[int] = None, name: str = "localtext",
-                 pair_fields: Optional[tuple] = None) -> Corpus:
+def local_corpus(
+  path,
+  *,
+  text_field: str = "text",
+  validation_fraction: float = 0.05,
+  max_validation: Optional[int] = None,
+  name: str = "localtext",
+  pair_fields: Optional[tuple] = None,
+) -> Corpus:
   """Documents from a file or folder; see the module docstring for the formats.
 
   With pair_fields = (prompt field, response field), JSONL Examples (see `conditional`).
@@ -305,8 +338,10 @@ def local_corpus(path, *, text_field: str = "text", validation_fraction: float =
     docs = Documents(list_files(path), text_field, pair_fields=pair_fields)
     n = len(docs)
     if n < 2:
-      raise ValueError(f"{path} holds {n} document(s); a train and a validation split need at "
-                       "least 2 (one per non-empty line, or per JSONL record).")
+      raise ValueError(
+        f"{path} holds {n} document(s); a train and a validation split need at "
+        "least 2 (one per non-empty line, or per JSONL record)."
+      )
     k = max(1, round(n * validation_fraction))
     k = min(k, max_validation) if max_validation else k
     if not 0 < k < n:
@@ -338,13 +373,15 @@ class _TfdsDocuments:
 
   def __iter__(self) -> Iterator[str]:
     try:
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     except ImportError:
       raise ImportError(
-          f"Reading {self.name!r} through tensorflow-datasets needs TensorFlow, which is "
-          "optional: pip install 'md4jax[tf]', or set config.data.path to a local folder of "
-          ".txt/.jsonl files.") from None
+        f"Reading {self.name!r} through tensorflow-datasets needs TensorFlow, which is "
+        "optional: pip install 'md4jax[tf]', or set config.data.path to a local folder of "
+        ".txt/.jsonl files."
+      ) from None
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
     ds = tfds.load(self.name, split=self.split, data_dir=self.data_dir, shuffle_files=False)
     for example in tfds.as_numpy(ds):
       yield example["text"].decode("utf-8")
@@ -368,12 +405,17 @@ def lm1b(path=None, *, data_dir: Optional[str] = None, text_field: str = "text")
   """LM1B sentences: from a local folder/file if `path`, else tfds 'lm1b' (train/test)."""
   if path:
     return local_corpus(path, text_field=text_field, name="lm1b")
-  return Corpus("lm1b", _TfdsDocuments("lm1b", "train", data_dir),
-                _TfdsDocuments("lm1b", "test", data_dir), key=f"lm1b:tfds:{data_dir}")
+  return Corpus(
+    "lm1b",
+    _TfdsDocuments("lm1b", "train", data_dir),
+    _TfdsDocuments("lm1b", "test", data_dir),
+    key=f"lm1b:tfds:{data_dir}",
+  )
 
 
-def openwebtext(path=None, *, text_field: str = "text",
-                num_validation: int = OWT_NUM_VALIDATION) -> Corpus:
+def openwebtext(
+  path=None, *, text_field: str = "text", num_validation: int = OWT_NUM_VALIDATION
+) -> Corpus:
   """OpenWebText; its last `num_validation` documents validate (MDLM).
 
   From a local folder/file if `path` (a stand-in with fewer than 20 *
@@ -385,22 +427,36 @@ def openwebtext(path=None, *, text_field: str = "text",
   try:
     import datasets  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ImportError("Reading OpenWebText without a local path needs the Hugging Face "
-                      "`datasets` package (pip install datasets) and a network; or set "
-                      "config.data.path to a local folder of .txt/.jsonl files.") from None
+    raise ImportError(
+      "Reading OpenWebText without a local path needs the Hugging Face "
+      "`datasets` package (pip install datasets) and a network; or set "
+      "config.data.path to a local folder of .txt/.jsonl files."
+    ) from None
   ds = datasets.load_dataset("Skylion007/openwebtext", split="train")
   n = len(ds)
-  return Corpus("owt", _HfDocuments(ds, 0, n - num_validation, text_field),
-                _HfDocuments(ds, n - num_validation, n, text_field), key=f"owt:hf:{n}")
+  return Corpus(
+    "owt",
+    _HfDocuments(ds, 0, n - num_validation, text_field),
+    _HfDocuments(ds, n - num_validation, n, text_field),
+    key=f"owt:hf:{n}",
+  )
 
 
-def load_corpus(dataset: str, path: str = "", *, text_field: str = "text",
-                prompt_field: str = "prompt", response_field: str = "response") -> Corpus:
+def load_corpus(
+  dataset: str,
+  path: str = "",
+  *,
+  text_field: str = "text",
+  prompt_field: str = "prompt",
+  response_field: str = "response",
+) -> Corpus:
   """The corpus named by config.data.dataset, read from config.data.path."""
   if dataset == "text8":
     if not path:
-      raise ValueError("dataset 'text8' needs config.data.path (a text8 or text8.zip file; "
-                       "md4jax.data.corpora.download_text8 fetches one).")
+      raise ValueError(
+        "dataset 'text8' needs config.data.path (a text8 or text8.zip file; "
+        "md4jax.data.corpora.download_text8 fetches one)."
+      )
     return text8(path)
   if dataset == "localtext":
     if not path:

@@ -39,10 +39,13 @@ import numpy as np
 
 from md4jax.data import corpora
 from md4jax.data import tokenizer as tokenizer_lib
+
 # Re-exported: the pipeline's callers build TokenizedDocs and call these directly.
 from md4jax.data.token_cache import TokenizedDocs, fingerprint, tokenize, tokenize_examples
 
 PACKINGS = ("concat", "documents")
+
+
 def pack_documents(offsets: np.ndarray, seq_len: int) -> tuple:
   """Greedy packing of documents, in order, into rows of `seq_len` tokens.
 
@@ -74,8 +77,11 @@ def pack_documents(offsets: np.ndarray, seq_len: int) -> tuple:
     starts.extend(open_starts)
     lengths.extend(open_lengths)
     row_splits.append(len(starts))
-  return (np.asarray(row_splits, np.int64), np.asarray(starts, np.int64),
-          np.asarray(lengths, np.int64))
+  return (
+    np.asarray(row_splits, np.int64),
+    np.asarray(starts, np.int64),
+    np.asarray(lengths, np.int64),
+  )
 
 
 def document_rows(docs: TokenizedDocs, seq_len: int) -> tuple:
@@ -89,8 +95,10 @@ def document_rows(docs: TokenizedDocs, seq_len: int) -> tuple:
     return splits, starts, lengths, np.zeros_like(lengths)
   lengths = np.diff(docs.offsets)
   if docs.num_docs and lengths.max() > seq_len:
-    raise ValueError(f"A conditional example has {lengths.max()} tokens, more than seq_len="
-                     f"{seq_len}; tokenize_examples with this seq_len.")
+    raise ValueError(
+      f"A conditional example has {lengths.max()} tokens, more than seq_len="
+      f"{seq_len}; tokenize_examples with this seq_len."
+    )
   return np.arange(docs.num_docs + 1), docs.offsets[:-1], lengths, docs.prompt_lengths
 
 
@@ -104,10 +112,10 @@ def _row(tokens: np.ndarray, seq_len: int, starts, lengths, prompt_lengths=None)
   prompt_lengths = np.zeros(len(starts), np.int64) if prompt_lengths is None else prompt_lengths
   at = 0
   for segment, (start, length, prompt) in enumerate(zip(starts, lengths, prompt_lengths), 1):
-    row["tokens"][at:at + length] = tokens[start:start + length]
-    row["segment_ids"][at:at + length] = segment
-    row["positions"][at:at + length] = np.arange(length)
-    row["editable"][at + prompt:at + length] = True
+    row["tokens"][at : at + length] = tokens[start : start + length]
+    row["segment_ids"][at : at + length] = segment
+    row["positions"][at : at + length] = np.arange(length)
+    row["editable"][at + prompt : at + length] = True
     at += length
   return row
 
@@ -122,8 +130,9 @@ class _PackedRows:
 
   def __call__(self, row: int) -> dict:
     a, b = self.row_splits[row], self.row_splits[row + 1]
-    return _row(self.docs.tokens, self.seq_len, self.starts[a:b], self.lengths[a:b],
-                self.prompts[a:b])
+    return _row(
+      self.docs.tokens, self.seq_len, self.starts[a:b], self.lengths[a:b], self.prompts[a:b]
+    )
 
 
 class _RandomWindows:
@@ -147,8 +156,12 @@ class _RandomWindows:
     start = window * self.seq_len + offset
     # One whole segment: no segment ids, so the train step builds no attention mask (4x256:
     # 1% faster). Evaluation windows keep them: the split's last one is padded.
-    return {"tokens": np.asarray(self.docs.tokens[start:start + self.seq_len], np.int32),
-            "segment_ids": None, "positions": None, "editable": np.ones(self.seq_len, bool)}
+    return {
+      "tokens": np.asarray(self.docs.tokens[start : start + self.seq_len], np.int32),
+      "segment_ids": None,
+      "positions": None,
+      "editable": np.ones(self.seq_len, bool),
+    }
 
 
 def _shard(shard_index: Optional[int], shard_count: Optional[int]) -> tuple:
@@ -163,15 +176,24 @@ def _check(docs: TokenizedDocs, seq_len: int, batch_size: int, packing: str):
   if packing not in PACKINGS:
     raise ValueError(f"Unknown packing {packing!r}; valid: {', '.join(PACKINGS)}.")
   if docs.prompt_lengths is not None and packing != "documents":
-    raise ValueError(f"Conditional examples are one row each (packing='documents'); "
-                     f"packing={packing!r} would cut windows across them.")
+    raise ValueError(
+      f"Conditional examples are one row each (packing='documents'); "
+      f"packing={packing!r} would cut windows across them."
+    )
   if seq_len < 1 or batch_size < 1:
     raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
 
 
-def train_dataset(docs: TokenizedDocs, *, seq_len: int, batch_size: int, seed: int,
-                  packing: str = "concat", shard_index: Optional[int] = None,
-                  shard_count: Optional[int] = None) -> grain.MapDataset:
+def train_dataset(
+  docs: TokenizedDocs,
+  *,
+  seq_len: int,
+  batch_size: int,
+  seed: int,
+  packing: str = "concat",
+  shard_index: Optional[int] = None,
+  shard_count: Optional[int] = None,
+) -> grain.MapDataset:
   """Infinite grain.MapDataset of this process's batches (batch_size rows each)."""
   _check(docs, seq_len, batch_size, packing)
   if not 0 <= seed < 2**32:
@@ -197,18 +219,28 @@ class TrainIterator:
   worker_count either used.
   """
 
-  def __init__(self, dataset: grain.MapDataset, *, worker_count: int = 0, prefetch: int = 2,
-               num_threads: int = 1):
+  def __init__(
+    self,
+    dataset: grain.MapDataset,
+    *,
+    worker_count: int = 0,
+    prefetch: int = 2,
+    num_threads: int = 1,
+  ):
     self.dataset, self.worker_count = dataset, worker_count
     self.prefetch, self.num_threads = prefetch, num_threads
     self.next_batch_index, self._iterator = 0, None
 
   def _open(self):
-    ds = self.dataset[self.next_batch_index:].to_iter_dataset(grain.ReadOptions(
-        num_threads=self.num_threads, prefetch_buffer_size=self.prefetch))
+    ds = self.dataset[self.next_batch_index :].to_iter_dataset(
+      grain.ReadOptions(num_threads=self.num_threads, prefetch_buffer_size=self.prefetch)
+    )
     if self.worker_count > 0:
-      ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-          num_workers=self.worker_count, per_worker_buffer_size=self.prefetch))
+      ds = ds.mp_prefetch(
+        grain.MultiprocessingOptions(
+          num_workers=self.worker_count, per_worker_buffer_size=self.prefetch
+        )
+      )
     self._iterator = iter(ds)
 
   def __iter__(self):
@@ -245,9 +277,16 @@ class EvalBatches:
   all-padding rows (segment_ids 0), so collectives line up across hosts.
   """
 
-  def __init__(self, docs: TokenizedDocs, *, seq_len: int, batch_size: int,
-               packing: str = "concat", shard_index: Optional[int] = None,
-               shard_count: Optional[int] = None):
+  def __init__(
+    self,
+    docs: TokenizedDocs,
+    *,
+    seq_len: int,
+    batch_size: int,
+    packing: str = "concat",
+    shard_index: Optional[int] = None,
+    shard_count: Optional[int] = None,
+  ):
     _check(docs, seq_len, batch_size, packing)
     self.shard_index, self.shard_count = _shard(shard_index, shard_count)
     self.docs, self.seq_len, self.batch_size = docs, seq_len, batch_size
@@ -257,8 +296,9 @@ class EvalBatches:
       self._pieces = [([s], [min(seq_len, n - s)]) for s in starts.tolist()]
     else:
       splits, starts, lengths, prompts = document_rows(docs, seq_len)
-      self._pieces = [(starts[a:b], lengths[a:b], prompts[a:b])
-                      for a, b in zip(splits[:-1], splits[1:])]
+      self._pieces = [
+        (starts[a:b], lengths[a:b], prompts[a:b]) for a, b in zip(splits[:-1], splits[1:])
+      ]
     self.num_rows = len(self._pieces)
     self.num_batches = -(-self.num_rows // (batch_size * self.shard_count))
 
@@ -278,6 +318,7 @@ class EvalBatches:
 @dataclasses.dataclass
 class Data:
   """A tokenized corpus and how it is cut into rows; see load_data."""
+
   tokenizer: object
   train: TokenizedDocs
   validation: TokenizedDocs
@@ -285,23 +326,47 @@ class Data:
   seq_len: int
   packing: str
 
-  def train_iterator(self, *, batch_size: int, seed: int, worker_count: int = 0,
-                     shard_index: Optional[int] = None,
-                     shard_count: Optional[int] = None) -> TrainIterator:
+  def train_iterator(
+    self,
+    *,
+    batch_size: int,
+    seed: int,
+    worker_count: int = 0,
+    shard_index: Optional[int] = None,
+    shard_count: Optional[int] = None,
+  ) -> TrainIterator:
     """Per-process batches of `batch_size` rows (the global batch / process count)."""
-    ds = train_dataset(self.train, seq_len=self.seq_len, batch_size=batch_size, seed=seed,
-                       packing=self.packing, shard_index=shard_index, shard_count=shard_count)
+    ds = train_dataset(
+      self.train,
+      seq_len=self.seq_len,
+      batch_size=batch_size,
+      seed=seed,
+      packing=self.packing,
+      shard_index=shard_index,
+      shard_count=shard_count,
+    )
     return TrainIterator(ds, worker_count=worker_count)
 
-  def eval_batches(self, *, batch_size: int, split: str = "validation",
-                   shard_index: Optional[int] = None,
-                   shard_count: Optional[int] = None) -> EvalBatches:
+  def eval_batches(
+    self,
+    *,
+    batch_size: int,
+    split: str = "validation",
+    shard_index: Optional[int] = None,
+    shard_count: Optional[int] = None,
+  ) -> EvalBatches:
     docs = {"validation": self.validation, "test": self.test}.get(split)
     if docs is None:
       valid = "validation, test" if self.test is not None else "validation"
       raise ValueError(f"No {split!r} split in this data; valid: {valid}.")
-    return EvalBatches(docs, seq_len=self.seq_len, batch_size=batch_size, packing=self.packing,
-                       shard_index=shard_index, shard_count=shard_count)
+    return EvalBatches(
+      docs,
+      seq_len=self.seq_len,
+      batch_size=batch_size,
+      packing=self.packing,
+      shard_index=shard_index,
+      shard_count=shard_count,
+    )
 
 
 # Default tokenizers of the MDLM corpora, fetched from the Hub when no local file is given.
@@ -320,8 +385,13 @@ def _make_tokenizer(data, corpus: corpora.Corpus, workdir):
     if workdir:
       tok.save(workdir)
     return tok
-  return tokenizer_lib.make_tokenizer(kind, train_text_iter=train_text, path=path or None,
-                                      vocab_size=data.bpe_vocab_size, workdir=workdir)
+  return tokenizer_lib.make_tokenizer(
+    kind,
+    train_text_iter=train_text,
+    path=path or None,
+    vocab_size=data.bpe_vocab_size,
+    workdir=workdir,
+  )
 
 
 def load_data(config, workdir: Optional[str] = None) -> Data:
@@ -334,8 +404,13 @@ def load_data(config, workdir: Optional[str] = None) -> Data:
   Conditional data is one example per row whatever data.packing says.
   """
   data = config.data
-  corpus = corpora.load_corpus(data.dataset, data.path, text_field=data.text_field,
-                               prompt_field=data.prompt_field, response_field=data.response_field)
+  corpus = corpora.load_corpus(
+    data.dataset,
+    data.path,
+    text_field=data.text_field,
+    prompt_field=data.prompt_field,
+    response_field=data.response_field,
+  )
   tok = _make_tokenizer(data, corpus, workdir)
   conditional = data.dataset == "conditional"
 
@@ -351,6 +426,11 @@ def load_data(config, workdir: Optional[str] = None) -> Data:
       return tokenize_examples(documents, tok, seq_len=data.seq_len, cache=cache)
     return tokenize(documents, tok, cache=cache)
 
-  return Data(tok, encode("train", corpus.train), encode("validation", corpus.validation),
-              encode("test", corpus.test), seq_len=data.seq_len,
-              packing="documents" if conditional else data.packing)
+  return Data(
+    tok,
+    encode("train", corpus.train),
+    encode("validation", corpus.validation),
+    encode("test", corpus.test),
+    seq_len=data.seq_len,
+    packing="documents" if conditional else data.packing,
+  )

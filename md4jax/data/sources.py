@@ -30,8 +30,12 @@ def dense_batch(tokens: np.ndarray) -> dict:
   that allows everything (the default train step: 2% slower, 4x256: 1%).
   """
   tokens = np.asarray(tokens, np.int32)
-  return {"tokens": tokens, "segment_ids": None, "positions": None,
-          "editable": np.ones(tokens.shape, bool)}
+  return {
+    "tokens": tokens,
+    "segment_ids": None,
+    "positions": None,
+    "editable": np.ones(tokens.shape, bool),
+  }
 
 
 def has_segments(config: ml_collections.ConfigDict, training: bool) -> bool:
@@ -44,13 +48,15 @@ def has_segments(config: ml_collections.ConfigDict, training: bool) -> bool:
 
 def pad_rows(batch: dict, missing: int) -> dict:
   """The batch and `missing` padding rows after it: zeros (segment 0, not editable); None stays."""
-  return {k: None if v is None else np.pad(np.asarray(v), ((0, missing), (0, 0)))
-          for k, v in batch.items()}
+  return {
+    k: None if v is None else np.pad(np.asarray(v), ((0, missing), (0, 0)))
+    for k, v in batch.items()
+  }
 
 
 def _padded_batches(rows: np.ndarray, batch_size: int) -> list:
   """Rows in batches of batch_size; the last one filled with padding rows (not editable)."""
-  chunks = [rows[start:start + batch_size] for start in range(0, len(rows), batch_size)]
+  chunks = [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
   return [pad_rows(dense_batch(chunk), batch_size - len(chunk)) for chunk in chunks]
 
 
@@ -91,13 +97,17 @@ class MarkovSource:
 
   def __init__(self, config: ml_collections.ConfigDict, shard: tuple[int, int] = (0, 1)):
     data = config.data
-    self.language = groundtruth.MarkovLanguage(data.vocab_size, seed=data.language_seed,
-                                               concentration=data.concentration)
+    self.language = groundtruth.MarkovLanguage(
+      data.vocab_size, seed=data.language_seed, concentration=data.concentration
+    )
     self.seq_len = data.seq_len
     self.global_batch_size = config.batch_size
     self.shard_index, self.shard_count = shard
     self._train_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
-    self._drawn, self._drawn_from = None, None  # Training batches [k, B, L] from batch _drawn_from on.
+    self._drawn, self._drawn_from = (
+      None,
+      None,
+    )  # Training batches [k, B, L] from batch _drawn_from on.
     # Evaluation sequences depend on the language only, so runs with different seeds compare.
     self._eval_key = jax.random.fold_in(jax.random.PRNGKey(data.language_seed), 2)
 
@@ -111,11 +121,12 @@ class MarkovSource:
     first *= _BATCHES_PER_DRAW
     if self._drawn_from != first:
       indices = np.arange(first, first + _BATCHES_PER_DRAW)
-      self._drawn = np.asarray(self.language.sample_many(self._train_key, indices,
-                                                         self.global_batch_size, self.seq_len))
+      self._drawn = np.asarray(
+        self.language.sample_many(self._train_key, indices, self.global_batch_size, self.seq_len)
+      )
       self._drawn_from = first
     size = self.global_batch_size // self.shard_count
-    return dense_batch(self._drawn[offset, self.shard_index * size:(self.shard_index + 1) * size])
+    return dense_batch(self._drawn[offset, self.shard_index * size : (self.shard_index + 1) * size])
 
   def train_iterator(self) -> BatchIterator:
     return BatchIterator(self)
@@ -125,8 +136,10 @@ class MarkovSource:
     rows = np.asarray(self.language.sample(self._eval_key, num_sequences, self.seq_len))
     size = batch_size // self.shard_count
     block = slice(self.shard_index * size, (self.shard_index + 1) * size)
-    return [{k: None if v is None else v[block] for k, v in batch.items()}
-            for batch in _padded_batches(rows, batch_size)]
+    return [
+      {k: None if v is None else v[block] for k, v in batch.items()}
+      for batch in _padded_batches(rows, batch_size)
+    ]
 
   @property
   def true_bits_per_token(self) -> Optional[float]:
@@ -160,27 +173,36 @@ class TextSource:
 
   true_bits_per_token = None  # Real text: the entropy is unknown.
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: Optional[str],
-               shard: tuple[int, int] = (0, 1)):
+  def __init__(
+    self, config: ml_collections.ConfigDict, workdir: Optional[str], shard: tuple[int, int] = (0, 1)
+  ):
     self.config = config
     self.shard_index, self.shard_count = shard
     self.data = pipeline.load_data(config, workdir)
     self.tokenizer = self.data.tokenizer
     if self.tokenizer.vocab_size != config.data.vocab_size:
       raise ValueError(
-          f"Invalid config: data.vocab_size={config.data.vocab_size} but the {config.data.dataset} "
-          f"tokenizer has {self.tokenizer.vocab_size} ids; set --config.data.vocab_size="
-          f"{self.tokenizer.vocab_size} (the mask id is one past the last token id).")
+        f"Invalid config: data.vocab_size={config.data.vocab_size} but the {config.data.dataset} "
+        f"tokenizer has {self.tokenizer.vocab_size} ids; set --config.data.vocab_size="
+        f"{self.tokenizer.vocab_size} (the mask id is one past the last token id)."
+      )
 
   def train_iterator(self) -> pipeline.TrainIterator:
-    return self.data.train_iterator(batch_size=self.config.batch_size // self.shard_count,
-                                    seed=self.config.seed, worker_count=self.config.data.worker_count,
-                                    shard_index=self.shard_index, shard_count=self.shard_count)
+    return self.data.train_iterator(
+      batch_size=self.config.batch_size // self.shard_count,
+      seed=self.config.seed,
+      worker_count=self.config.data.worker_count,
+      shard_index=self.shard_index,
+      shard_count=self.shard_count,
+    )
 
   def eval_batches(self, num_sequences: int, batch_size: int):
     """The first batches of the validation split's rows, enough for num_sequences rows."""
-    batches = self.data.eval_batches(batch_size=batch_size // self.shard_count,
-                                     shard_index=self.shard_index, shard_count=self.shard_count)
+    batches = self.data.eval_batches(
+      batch_size=batch_size // self.shard_count,
+      shard_index=self.shard_index,
+      shard_count=self.shard_count,
+    )
     return itertools.islice(batches, -(-num_sequences // batch_size))
 
   def true_bits_per_token_of(self, tokens: np.ndarray) -> Optional[np.ndarray]:

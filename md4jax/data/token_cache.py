@@ -33,8 +33,14 @@ class TokenizedDocs:
   each, never editable) and num_truncated (responses cut to fit a row).
   """
 
-  def __init__(self, tokens: np.ndarray, offsets: np.ndarray, path: Optional[str] = None,
-               prompt_lengths: Optional[np.ndarray] = None, num_truncated: int = 0):
+  def __init__(
+    self,
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    path: Optional[str] = None,
+    prompt_lengths: Optional[np.ndarray] = None,
+    num_truncated: int = 0,
+  ):
     self.tokens, self.offsets, self.path = tokens, np.asarray(offsets, np.int64), path
     self.prompt_lengths, self.num_truncated = prompt_lengths, num_truncated
 
@@ -43,8 +49,13 @@ class TokenizedDocs:
     meta = json.loads(pathlib.Path(path + ".json").read_text())
     tokens = np.memmap(path + ".tokens", dtype=meta["dtype"], mode="r", shape=(meta["num_tokens"],))
     prompts = pathlib.Path(path + ".prompts.npy")
-    return cls(tokens, np.load(path + ".offsets.npy"), path,
-               np.load(prompts) if prompts.is_file() else None, meta["num_truncated"])
+    return cls(
+      tokens,
+      np.load(path + ".offsets.npy"),
+      path,
+      np.load(prompts) if prompts.is_file() else None,
+      meta["num_truncated"],
+    )
 
   @property
   def num_docs(self) -> int:
@@ -82,7 +93,7 @@ def _encode_all(documents: Iterable[str], tok) -> Iterator[np.ndarray]:
         pending = []
     elif len(doc) > _ENCODE_SLICE:
       # Characters and bytes encode independently, so slicing changes nothing.
-      parts = [tok.encode(doc[i:i + _ENCODE_SLICE]) for i in range(0, len(doc), _ENCODE_SLICE)]
+      parts = [tok.encode(doc[i : i + _ENCODE_SLICE]) for i in range(0, len(doc), _ENCODE_SLICE)]
       yield from finish([np.concatenate(parts)])
     else:
       yield from finish([tok.encode(doc)])
@@ -114,8 +125,9 @@ def tokenize(documents: Iterable[str], tok, *, cache: Optional[str] = None) -> T
   return _store(_encode_all(documents, tok), tok, cache)
 
 
-def tokenize_examples(examples: Iterable[corpora.Example], tok, *, seq_len: int,
-                      cache: Optional[str] = None) -> TokenizedDocs:
+def tokenize_examples(
+  examples: Iterable[corpora.Example], tok, *, seq_len: int, cache: Optional[str] = None
+) -> TokenizedDocs:
   """Conditional examples as documents [prompt][response][EOS], cut to seq_len tokens.
 
   The result's prompt_lengths say where each response starts. A prompt that
@@ -132,12 +144,15 @@ def tokenize_examples(examples: Iterable[corpora.Example], tok, *, seq_len: int,
       response = np.concatenate([np.asarray(tok.encode(example.response), np.int64), eos])
       if len(prompt) >= seq_len:
         raise ValueError(
-            f"{example.where}: the prompt is {len(prompt)} tokens, but a row holds "
-            f"data.seq_len={seq_len} (the model's sequence length) and needs room for at least "
-            "one response token; shorten the prompt or raise data.seq_len.")
+          f"{example.where}: the prompt is {len(prompt)} tokens, but a row holds "
+          f"data.seq_len={seq_len} (the model's sequence length) and needs room for at least "
+          "one response token; shorten the prompt or raise data.seq_len."
+        )
       if not len(response):
-        raise ValueError(f"{example.where}: the response is empty and the tokenizer has no EOS, "
-                         "so the example has nothing to predict.")
+        raise ValueError(
+          f"{example.where}: the response is empty and the tokenizer has no EOS, "
+          "so the example has nothing to predict."
+        )
       room = seq_len - len(prompt)
       prompt_lengths.append(len(prompt))
       truncated.append(len(response) > room)
@@ -146,8 +161,11 @@ def tokenize_examples(examples: Iterable[corpora.Example], tok, *, seq_len: int,
   extras = lambda: (np.asarray(prompt_lengths, np.int64), int(sum(truncated)))
   result = _store(encode(), tok, cache, extras)
   if truncated and result.num_truncated:  # Only when encoded now, not read from the cache.
-    warnings.warn(f"{result.num_truncated} of {len(truncated)} conditional responses were cut to "
-                  f"fit data.seq_len={seq_len}.")
+    warnings.warn(
+      f"{result.num_truncated} of {len(truncated)} conditional responses were cut to "
+      f"fit data.seq_len={seq_len}.",
+      stacklevel=2,
+    )
   return result
 
 
@@ -182,8 +200,12 @@ def _store(encoded: Iterable[np.ndarray], tok, cache: Optional[str], extras=None
     # Unique temporary names, then renames: processes sharing a workdir may race harmlessly.
     os.replace(tmp, cache + ".tokens")
     _write_file(cache + ".offsets.npy", lambda f: np.save(f, offsets))
-    meta = {"dtype": np.dtype(dtype).name, "num_tokens": int(offsets[-1]), "num_docs": len(lengths),
-            "num_truncated": 0}
+    meta = {
+      "dtype": np.dtype(dtype).name,
+      "num_tokens": int(offsets[-1]),
+      "num_docs": len(lengths),
+      "num_truncated": 0,
+    }
     if extras:
       prompt_lengths, meta["num_truncated"] = extras()
       _write_file(cache + ".prompts.npy", lambda f: np.save(f, prompt_lengths))

@@ -49,8 +49,9 @@ def _as_ids(ids, vocab_size: int) -> np.ndarray:
   ids = np.asarray(ids, dtype=np.int64).reshape(-1)
   bad = ids[(ids < 0) | (ids >= vocab_size)]
   if bad.size:
-    raise ValueError(f"Cannot decode ids outside [0, {vocab_size}): "
-                     f"{sorted(set(bad.tolist()))[:10]}.")
+    raise ValueError(
+      f"Cannot decode ids outside [0, {vocab_size}): {sorted(set(bad.tolist()))[:10]}."
+    )
   return ids
 
 
@@ -101,9 +102,11 @@ class CharTokenizer:
     if (ids < 0).any():
       where = np.flatnonzero(ids < 0)
       bad = sorted({text[i] for i in where[:1000]})[:10]
-      raise ValueError(f"Characters outside the tokenizer's {len(self.alphabet)}-symbol alphabet: "
-                       f"{bad!r} ({len(where)} occurrences, first at character {where[0]}: "
-                       f"{text[max(0, where[0] - 20):where[0] + 20]!r}).")
+      raise ValueError(
+        f"Characters outside the tokenizer's {len(self.alphabet)}-symbol alphabet: "
+        f"{bad!r} ({len(where)} occurrences, first at character {where[0]}: "
+        f"{text[max(0, where[0] - 20) : where[0] + 20]!r})."
+      )
     return ids.astype(np.int32)
 
   def decode(self, ids) -> str:
@@ -114,11 +117,16 @@ class CharTokenizer:
   @functools.cached_property
   def byte_lengths(self) -> np.ndarray:
     """UTF-8 bytes each id stands for [vocab_size]; EOS is one (a line break)."""
-    return np.asarray([len(c.encode("utf-8")) for c in self.alphabet] + [1] * (self.eos_id is not None))
+    return np.asarray(
+      [len(c.encode("utf-8")) for c in self.alphabet] + [1] * (self.eos_id is not None)
+    )
 
   def to_json(self) -> dict:
-    return {"md4jax_tokenizer": self.kind, "alphabet": self.alphabet,
-            "eos": self.eos_id is not None}
+    return {
+      "md4jax_tokenizer": self.kind,
+      "alphabet": self.alphabet,
+      "eos": self.eos_id is not None,
+    }
 
   def save(self, directory: PathLike) -> pathlib.Path:
     path = pathlib.Path(directory) / TOKENIZER_FILE
@@ -180,33 +188,44 @@ class BpeTokenizer:
     """Byte-level BPE (GPT-2 style) with `vocab_size` ids; id 0 is the EOS <|endoftext|>."""
     # pylint: disable-next=g-import-not-at-top
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 1:
-      raise ValueError(f"bpe vocab_size={vocab_size} is smaller than the {len(alphabet)} byte "
-                       "symbols plus EOS it must hold.")
+      raise ValueError(
+        f"bpe vocab_size={vocab_size} is smaller than the {len(alphabet)} byte "
+        "symbols plus EOS it must hold."
+      )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BPE_EOS],
-                                  initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      special_tokens=[BPE_EOS],
+      initial_alphabet=alphabet,
+      show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     return cls(tok)
 
   @classmethod
   def from_file(cls, path: PathLike) -> "BpeTokenizer":
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+
     return cls(Tokenizer.from_file(str(path)))
 
   @classmethod
   def from_pretrained(cls, name: str) -> "BpeTokenizer":
     """`name`'s tokenizer.json from the Hugging Face Hub; needs a network."""
     from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+
     try:
       return cls(Tokenizer.from_pretrained(name))
     except Exception as e:  # The Hub client raises many types; all mean "not available".
-      raise RuntimeError(f"Could not fetch the {name!r} tokenizer from the Hugging Face Hub ({e}). "
-                         "Offline, download its tokenizer.json elsewhere and set "
-                         "config.data.tokenizer_path to it.") from e
+      raise RuntimeError(
+        f"Could not fetch the {name!r} tokenizer from the Hugging Face Hub ({e}). "
+        "Offline, download its tokenizer.json elsewhere and set "
+        "config.data.tokenizer_path to it."
+      ) from e
 
   @functools.cached_property
   def byte_lengths(self) -> Optional[np.ndarray]:
@@ -217,13 +236,16 @@ class BpeTokenizer:
     drop spaces when decoding, so their ids have no exact byte count.
     """
     from tokenizers import decoders  # pylint: disable=g-import-not-at-top
+
     if not isinstance(self.tokenizer.decoder, decoders.ByteLevel):
       return None
     special = {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
     lengths = np.zeros(self.vocab_size, np.int64)
     for i in range(self.vocab_size):
       token = self.tokenizer.id_to_token(i) or ""
-      lengths[i] = 1 if i == self.eos_id else len(special[i].encode("utf-8")) if i in special else len(token)
+      lengths[i] = (
+        1 if i == self.eos_id else len(special[i].encode("utf-8")) if i in special else len(token)
+      )
     return lengths
 
   def to_json(self) -> dict:
@@ -241,8 +263,9 @@ class BpeTokenizer:
     ids = _as_ids(ids, self.vocab_size)
     # Decode each document separately so EOS shows as a line break.
     pieces = np.split(ids, np.flatnonzero(ids == self.eos_id)) if self.eos_id is not None else [ids]
-    texts = [self.tokenizer.decode(p[p != self.eos_id].tolist(), skip_special_tokens=False)
-             for p in pieces]
+    texts = [
+      self.tokenizer.decode(p[p != self.eos_id].tolist(), skip_special_tokens=False) for p in pieces
+    ]
     return "\n".join(texts)
 
   def save(self, directory: PathLike) -> pathlib.Path:
@@ -260,13 +283,17 @@ def load(path: PathLike) -> Tokenizer:
   if path.is_dir():
     path = path / TOKENIZER_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"No tokenizer file at {str(path)!r}; give config.data.tokenizer_path "
-                            "a tokenizer.json (or a folder holding one).")
+    raise FileNotFoundError(
+      f"No tokenizer file at {str(path)!r}; give config.data.tokenizer_path "
+      "a tokenizer.json (or a folder holding one)."
+    )
   try:
     spec = json.loads(path.read_text(encoding="utf-8"))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path} is not a tokenizer file: not JSON ({e}); give a Hugging Face "
-                     "tokenizer.json or one md4jax saved.") from None
+    raise ValueError(
+      f"{path} is not a tokenizer file: not JSON ({e}); give a Hugging Face "
+      "tokenizer.json or one md4jax saved."
+    ) from None
   if not isinstance(spec, dict):
     raise ValueError(f"{path} is not a tokenizer file: JSON {type(spec).__name__}, not an object.")
   kind = spec.get("md4jax_tokenizer")
@@ -279,13 +306,20 @@ def load(path: PathLike) -> Tokenizer:
   try:
     return BpeTokenizer.from_file(path)
   except Exception as e:  # pylint: disable=broad-except  (the Rust library's own error type)
-    raise ValueError(f"{path} is not a tokenizer file the tokenizers library reads "
-                     f"({' '.join(str(e).split())[:200]}).") from None
+    raise ValueError(
+      f"{path} is not a tokenizer file the tokenizers library reads "
+      f"({' '.join(str(e).split())[:200]})."
+    ) from None
 
 
-def make_tokenizer(kind: str, *, train_text_iter: Optional[Iterable[str]] = None,
-                   vocab_size: Optional[int] = None, path: Optional[PathLike] = None,
-                   workdir: Optional[PathLike] = None) -> Tokenizer:
+def make_tokenizer(
+  kind: str,
+  *,
+  train_text_iter: Optional[Iterable[str]] = None,
+  vocab_size: Optional[int] = None,
+  path: Optional[PathLike] = None,
+  workdir: Optional[PathLike] = None,
+) -> Tokenizer:
   """The tokenizer saved in `workdir` if there is one (resume), else a new one, saved there.
 
   Args:
@@ -303,8 +337,10 @@ def make_tokenizer(kind: str, *, train_text_iter: Optional[Iterable[str]] = None
   if saved is not None and saved.is_file():
     tok = load(saved)
     if tok.kind != ("char" if kind == "text8" else kind):
-      raise ValueError(f"{saved} holds a {tok.kind!r} tokenizer but {kind!r} was asked for; "
-                       "use a new workdir or the same tokenizer kind.")
+      raise ValueError(
+        f"{saved} holds a {tok.kind!r} tokenizer but {kind!r} was asked for; "
+        "use a new workdir or the same tokenizer kind."
+      )
     return tok
   if kind == "text8":
     tok = CharTokenizer.text8()

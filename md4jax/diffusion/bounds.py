@@ -47,18 +47,43 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from md4jax.diffusion import genmd4
-from md4jax.diffusion import masking
+from md4jax.diffusion import genmd4, masking
 from md4jax.diffusion import schedules as schedules_lib
-# The forward process, re-exported: callers know them as diffusion.corrupt etc.
-from md4jax.diffusion.masking import (Array, DenoiseFn, T_SAMPLINGS, checked_denoiser, corrupt,
-                                      cross_entropy, masked_cross_entropy, row_keys, sample_times,
-                                      subs_log_probs)
 
-__all__ = ["ENDPOINT_TERMS", "ESTIMATORS", "TIME_INPUTS", "T_SAMPLINGS", "bits_per_token",
-           "checked_denoiser", "continuous_loss_at", "corrupt", "cross_entropy",
-           "masked_cross_entropy", "nelbo", "nelbo_surrogate", "num_valid_tokens", "perplexity",
-           "row_keys", "sample_times", "subs_log_probs", "time_argument"]
+# The forward process, re-exported: callers know them as diffusion.corrupt etc.
+from md4jax.diffusion.masking import (
+  T_SAMPLINGS,
+  Array,
+  DenoiseFn,
+  checked_denoiser,
+  corrupt,
+  cross_entropy,
+  masked_cross_entropy,
+  row_keys,
+  sample_times,
+  subs_log_probs,
+)
+
+__all__ = [
+  "ENDPOINT_TERMS",
+  "ESTIMATORS",
+  "TIME_INPUTS",
+  "T_SAMPLINGS",
+  "bits_per_token",
+  "checked_denoiser",
+  "continuous_loss_at",
+  "corrupt",
+  "cross_entropy",
+  "masked_cross_entropy",
+  "nelbo",
+  "nelbo_surrogate",
+  "num_valid_tokens",
+  "perplexity",
+  "row_keys",
+  "sample_times",
+  "subs_log_probs",
+  "time_argument",
+]
 
 ESTIMATORS = ("standard", "forced_target", "mask_count")
 TIME_INPUTS = ("alpha", "t")  # What a mask-rate schedule's denoiser is called with.
@@ -80,8 +105,20 @@ def time_argument(schedule, time_input: str):
   return lambda alpha, t=None: schedule.time_of(alpha) if t is None else t
 
 
-def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, time, mask_id, estimator,
-                   per_mask_weight, rate_weight, masked=None) -> Array:
+def _weighted_term(
+  key,
+  denoise_fn,
+  x,
+  alpha_t,
+  editable,
+  *,
+  time,
+  mask_id,
+  estimator,
+  per_mask_weight,
+  rate_weight,
+  masked=None,
+) -> Array:
   """One Monte Carlo draw of a term rate_weight · h(1 − alpha_t), per sequence [B].
 
   The denoiser is called with `time` (alpha_t, or the t of it). "standard" scores every
@@ -109,10 +146,19 @@ def _weighted_term(key, denoise_fn, x, alpha_t, editable, *, time, mask_id, esti
   return jnp.where(n_editable > 0, rate_weight * n_editable * target_ce, 0.0)
 
 
-def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t: Array, *,
-                       mask_id: int, editable: Optional[Array] = None,
-                       estimator: str = "standard", time_input: str = "alpha",
-                       masked: Optional[Array] = None) -> Array:
+def continuous_loss_at(
+  key: Array,
+  denoise_fn: DenoiseFn,
+  x: Array,
+  schedule,
+  t: Array,
+  *,
+  mask_id: int,
+  editable: Optional[Array] = None,
+  estimator: str = "standard",
+  time_input: str = "alpha",
+  masked: Optional[Array] = None,
+) -> Array:
   """The continuous-time integrand at given times t [B]: w(t) Σ_masked CE, per sequence [B].
 
   Its mean over t ~ U(0, 1] is the schedule's part of L∞ (no endpoint terms). The
@@ -121,34 +167,72 @@ def continuous_loss_at(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t:
   """
   editable = masking.editable_or_all(x, editable)
   alpha = schedule.alpha(t)
-  return _weighted_term(key, denoise_fn, x, alpha, editable, mask_id=mask_id,
-                        time=time_argument(schedule, time_input)(alpha, t), estimator=estimator,
-                        per_mask_weight=schedule.weight(t), rate_weight=-schedule.dalpha(t),
-                        masked=masked)
+  return _weighted_term(
+    key,
+    denoise_fn,
+    x,
+    alpha,
+    editable,
+    mask_id=mask_id,
+    time=time_argument(schedule, time_input)(alpha, t),
+    estimator=estimator,
+    per_mask_weight=schedule.weight(t),
+    rate_weight=-schedule.dalpha(t),
+    masked=masked,
+  )
 
 
-def _discrete_term(key, denoise_fn, x, schedule, u, editable, *, num_steps, mask_id, estimator,
-                   time_arg=_alpha_itself):
+def _discrete_term(
+  key,
+  denoise_fn,
+  x,
+  schedule,
+  u,
+  editable,
+  *,
+  num_steps,
+  mask_id,
+  estimator,
+  time_arg=_alpha_itself,
+):
   """One draw of the discrete-time sum: step i uniform on 1..T (from u in (0, 1]), times T."""
   step = jnp.clip(jnp.ceil(u * num_steps), 1, num_steps)
   t, s = step / num_steps, (step - 1) / num_steps
   mask_rate_t = schedule.mask_prob(t)
   rate_weight = num_steps * (mask_rate_t - schedule.mask_prob(s))  # T (α(s) − α(t))
   alpha = schedule.alpha(t)
-  return _weighted_term(key, denoise_fn, x, alpha, editable, mask_id=mask_id,
-                        time=time_arg(alpha, t), estimator=estimator,
-                        per_mask_weight=rate_weight / mask_rate_t, rate_weight=rate_weight)
+  return _weighted_term(
+    key,
+    denoise_fn,
+    x,
+    alpha,
+    editable,
+    mask_id=mask_id,
+    time=time_arg(alpha, t),
+    estimator=estimator,
+    per_mask_weight=rate_weight / mask_rate_t,
+    rate_weight=rate_weight,
+  )
 
 
-def _endpoint_term(key, denoise_fn, x, editable, low, high, *, mask_id, estimator,
-                   time_arg=_alpha_itself):
+def _endpoint_term(
+  key, denoise_fn, x, editable, low, high, *, mask_id, estimator, time_arg=_alpha_itself
+):
   """One draw of ∫_low^high h(λ) dλ with λ uniform on (low, high]."""
   time_key, term_key = masking.split_keys(key, 2)
   mask_rate = high - (high - low) * masking.uniform(time_key, (x.shape[0],))
-  return _weighted_term(term_key, denoise_fn, x, 1.0 - mask_rate, editable, mask_id=mask_id,
-                        time=time_arg(1.0 - mask_rate), estimator=estimator,
-                        per_mask_weight=(high - low) / mask_rate,
-                        rate_weight=jnp.full_like(mask_rate, high - low))
+  return _weighted_term(
+    term_key,
+    denoise_fn,
+    x,
+    1.0 - mask_rate,
+    editable,
+    mask_id=mask_id,
+    time=time_arg(1.0 - mask_rate),
+    estimator=estimator,
+    per_mask_weight=(high - low) / mask_rate,
+    rate_weight=jnp.full_like(mask_rate, high - low),
+  )
 
 
 def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alpha_itself):
@@ -174,13 +258,25 @@ def _mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alph
   return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)
 
 
-def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
-          editable: Optional[Array] = None, num_steps: Optional[int] = None,
-          estimator: str = "standard", t_sampling: str = "stratified",
-          row_index: Optional[Array] = None, num_rows: Optional[int] = None,
-          reconstruction_time: float = 1e-4, time_input: str = "alpha",
-          endpoint_terms: str = "sampled", draws: Optional[dict] = None,
-          block_size: Optional[int] = None) -> Array:
+def nelbo(
+  key: Array,
+  denoise_fn: DenoiseFn,
+  x: Array,
+  schedule,
+  *,
+  mask_id: int,
+  editable: Optional[Array] = None,
+  num_steps: Optional[int] = None,
+  estimator: str = "standard",
+  t_sampling: str = "stratified",
+  row_index: Optional[Array] = None,
+  num_rows: Optional[int] = None,
+  reconstruction_time: float = 1e-4,
+  time_input: str = "alpha",
+  endpoint_terms: str = "sampled",
+  draws: Optional[dict] = None,
+  block_size: Optional[int] = None,
+) -> Array:
   """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
 
   Args:
@@ -225,21 +321,33 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
     schedule = schedules_lib.get_schedule(schedule)
   if estimator not in ESTIMATORS:
     raise ValueError(f"Unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}.")
-  if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
-                                or num_steps < 1):
-    raise ValueError(f"num_steps must be None (continuous time) or an integer >= 1, got {num_steps!r}.")
+  if num_steps is not None and (
+    isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+  ):
+    raise ValueError(
+      f"num_steps must be None (continuous time) or an integer >= 1, got {num_steps!r}."
+    )
   if estimator == "mask_count" and num_steps is not None:
-    raise ValueError("estimator='mask_count' estimates the continuous-time bound only; "
-                     "use 'standard' or 'forced_target' with num_steps.")
+    raise ValueError(
+      "estimator='mask_count' estimates the continuous-time bound only; "
+      "use 'standard' or 'forced_target' with num_steps."
+    )
   if schedule.state_dependent and estimator != "standard":
-    raise ValueError(f"A state-dependent schedule ({schedule.name}) has its own bound; "
-                     f"estimator={estimator!r} applies to mask-rate schedules only, use 'standard'.")
+    raise ValueError(
+      f"A state-dependent schedule ({schedule.name}) has its own bound; "
+      f"estimator={estimator!r} applies to mask-rate schedules only, use 'standard'."
+    )
   if endpoint_terms not in ENDPOINT_TERMS:
-    raise ValueError(f"Unknown endpoint_terms {endpoint_terms!r}; valid: {', '.join(ENDPOINT_TERMS)}.")
-  if draws is not None and (estimator != "standard" or num_steps is not None
-                            or schedule.state_dependent):
-    raise ValueError("draws replay the standard continuous-time estimator of a mask-rate schedule; "
-                     f"got estimator={estimator!r}, num_steps={num_steps!r}, schedule {schedule.name!r}.")
+    raise ValueError(
+      f"Unknown endpoint_terms {endpoint_terms!r}; valid: {', '.join(ENDPOINT_TERMS)}."
+    )
+  if draws is not None and (
+    estimator != "standard" or num_steps is not None or schedule.state_dependent
+  ):
+    raise ValueError(
+      "draws replay the standard continuous-time estimator of a mask-rate schedule; "
+      f"got estimator={estimator!r}, num_steps={num_steps!r}, schedule {schedule.name!r}."
+    )
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
   chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
@@ -248,12 +356,26 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
   if block_size is not None and block_size < x.shape[1]:
     if draws is not None or schedule.state_dependent:
       raise ValueError("block_size < L takes neither draws nor a state-dependent schedule.")
-    return _block_nelbo(key, denoise_fn, x, schedule, block_size, mask_id=mask_id,
-                        editable=editable, num_steps=num_steps, estimator=estimator,
-                        t_sampling=t_sampling, row_index=row_index, num_rows=num_rows,
-                        time_input=time_input, endpoint_terms=endpoint_terms)
+    return _block_nelbo(
+      key,
+      denoise_fn,
+      x,
+      schedule,
+      block_size,
+      mask_id=mask_id,
+      editable=editable,
+      num_steps=num_steps,
+      estimator=estimator,
+      t_sampling=t_sampling,
+      row_index=row_index,
+      num_rows=num_rows,
+      time_input=time_input,
+      endpoint_terms=endpoint_terms,
+    )
   if editable is not None:
-    chex.assert_shape(editable, x.shape, custom_message="nelbo: editable must have x's shape [B, L]")
+    chex.assert_shape(
+      editable, x.shape, custom_message="nelbo: editable must have x's shape [B, L]"
+    )
   if row_index is not None:
     chex.assert_shape(row_index, x.shape[:1], custom_message="nelbo: row_index must be [B]")
   editable = masking.editable_or_all(x, editable)
@@ -263,35 +385,78 @@ def nelbo(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int
     u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
   else:
     chex.assert_shape(draws["t"], x.shape[:1], custom_message="nelbo: draws['t'] must be [B]")
-    chex.assert_shape(draws["masked"], x.shape, custom_message="nelbo: draws['masked'] must be [B, L]")
+    chex.assert_shape(
+      draws["masked"], x.shape, custom_message="nelbo: draws['masked'] must be [B, L]"
+    )
     u = draws["t"]
   main_key, recon_key, prior_key = masking.split_keys(row_keys(draw_key, x.shape[0], row_index), 3)
   kwargs = dict(mask_id=mask_id)
   if schedule.state_dependent:
-    return genmd4.nelbo((main_key, recon_key), denoise_fn, x, schedule, u, editable, num_steps=num_steps,
-                        reconstruction_time=reconstruction_time, **kwargs)
+    return genmd4.nelbo(
+      (main_key, recon_key),
+      denoise_fn,
+      x,
+      schedule,
+      u,
+      editable,
+      num_steps=num_steps,
+      reconstruction_time=reconstruction_time,
+      **kwargs,
+    )
   time_arg = time_argument(schedule, time_input)
   if estimator == "mask_count":
     return _mask_count_term(main_key, denoise_fn, x, u, editable, time_arg=time_arg, **kwargs)
   kwargs["estimator"] = estimator
   if num_steps is None:
-    total = continuous_loss_at(main_key, denoise_fn, x, schedule, u, editable=editable,
-                               time_input=time_input,
-                               masked=None if draws is None else draws["masked"].astype(bool),
-                               **kwargs)
+    total = continuous_loss_at(
+      main_key,
+      denoise_fn,
+      x,
+      schedule,
+      u,
+      editable=editable,
+      time_input=time_input,
+      masked=None if draws is None else draws["masked"].astype(bool),
+      **kwargs,
+    )
   else:
-    total = _discrete_term(main_key, denoise_fn, x, schedule, u, editable, num_steps=num_steps,
-                           time_arg=time_arg, **kwargs)
+    total = _discrete_term(
+      main_key,
+      denoise_fn,
+      x,
+      schedule,
+      u,
+      editable,
+      num_steps=num_steps,
+      time_arg=time_arg,
+      **kwargs,
+    )
   if endpoint_terms == "md4":  # A constant: each token masked at t = 0 guessed uniformly.
     if schedule.needs_reconstruction_term:
       total += editable.sum(-1) * (1.0 - schedule.alpha_at_0) * math.log(mask_id)
     return total
   if schedule.needs_reconstruction_term:
-    total += _endpoint_term(recon_key, denoise_fn, x, editable, 0.0, 1.0 - schedule.alpha_at_0,
-                            time_arg=time_arg, **kwargs)
+    total += _endpoint_term(
+      recon_key,
+      denoise_fn,
+      x,
+      editable,
+      0.0,
+      1.0 - schedule.alpha_at_0,
+      time_arg=time_arg,
+      **kwargs,
+    )
   if schedule.needs_prior_term:
-    total += _endpoint_term(prior_key, denoise_fn, x, editable, 1.0 - schedule.alpha_at_1, 1.0,
-                            time_arg=time_arg, **kwargs)
+    total += _endpoint_term(
+      prior_key,
+      denoise_fn,
+      x,
+      editable,
+      1.0 - schedule.alpha_at_1,
+      1.0,
+      time_arg=time_arg,
+      **kwargs,
+    )
   return total
 
 
@@ -301,17 +466,35 @@ def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable,
   block_of = jnp.arange(x.shape[1]) // block_size
   total = jnp.zeros(x.shape[:1], jnp.float32)
   for block in range(x.shape[1] // block_size):
+
     def block_denoiser(z, time, future=block_of > block):
       return denoise_fn(jnp.where(future, mask_id, z), time)
-    total += nelbo(jax.random.fold_in(key, block), block_denoiser, x, schedule, mask_id=mask_id,
-                   editable=editable & (block_of == block), **kwargs)
+
+    total += nelbo(
+      jax.random.fold_in(key, block),
+      block_denoiser,
+      x,
+      schedule,
+      mask_id=mask_id,
+      editable=editable & (block_of == block),
+      **kwargs,
+    )
   return total
 
 
-def nelbo_surrogate(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, mask_id: int,
-                    editable: Optional[Array] = None, gradient: str = "rloo",
-                    row_index: Optional[Array] = None, num_rows: Optional[int] = None,
-                    reconstruction_time: float = 1e-4) -> tuple[Array, Array]:
+def nelbo_surrogate(
+  key: Array,
+  denoise_fn: DenoiseFn,
+  x: Array,
+  schedule,
+  *,
+  mask_id: int,
+  editable: Optional[Array] = None,
+  gradient: str = "rloo",
+  row_index: Optional[Array] = None,
+  num_rows: Optional[int] = None,
+  reconstruction_time: float = 1e-4,
+) -> tuple[Array, Array]:
   """(NELBO [B], surrogate [B]) of a state-dependent schedule from two draws per row, t stratified.
 
   Equal in value; the surrogate's gradient also holds the score-function term
@@ -322,9 +505,17 @@ def nelbo_surrogate(key: Array, denoise_fn: DenoiseFn, x: Array, schedule, *, ma
   editable = masking.editable_or_all(x, editable)
   time_key, draw_key = jax.random.split(key)
   u = sample_times(time_key, x.shape[0], "stratified", row_index=row_index, num_rows=num_rows)
-  return genmd4.surrogate(row_keys(draw_key, x.shape[0], row_index), checked_denoiser(denoise_fn, mask_id),
-                          x, schedule, u, editable, mask_id=mask_id, gradient=gradient,
-                          reconstruction_time=reconstruction_time)
+  return genmd4.surrogate(
+    row_keys(draw_key, x.shape[0], row_index),
+    checked_denoiser(denoise_fn, mask_id),
+    x,
+    schedule,
+    u,
+    editable,
+    mask_id=mask_id,
+    gradient=gradient,
+    reconstruction_time=reconstruction_time,
+  )
 
 
 def num_valid_tokens(x: Array, editable: Optional[Array] = None) -> Array:

@@ -52,8 +52,9 @@ def position_mask_prob(schedule, t: Array, x: Array) -> Array:
   return jnp.take_along_axis(schedule.mask_prob(t), x, axis=-1)
 
 
-def corrupt(key: Array, x: Array, schedule, t: Array, *, mask_id: int,
-            editable: Array) -> tuple[Array, Array]:
+def corrupt(
+  key: Array, x: Array, schedule, t: Array, *, mask_id: int, editable: Array
+) -> tuple[Array, Array]:
   """z_t ~ q(z_t | x) of a state-dependent schedule, and log q(z_t | x) per sequence [B]."""
   mask_prob = position_mask_prob(schedule, t, x)
   z = masking.corrupt(key, x, 1.0 - mask_prob, mask_id=mask_id, editable=editable)
@@ -67,12 +68,14 @@ def corrupt(key: Array, x: Array, schedule, t: Array, *, mask_id: int,
 def _rates(schedule, t: Array, x: Array) -> tuple[Array, Array]:
   """b_v(t) [B, 1, V] and b_{x_ℓ}(t) [B, L]."""
   rates = schedule.weight(t)[:, None, :]
-  return rates, jnp.take_along_axis(jnp.broadcast_to(rates, x.shape + rates.shape[-1:]),
-                                    x[..., None], axis=-1)[..., 0]
+  return rates, jnp.take_along_axis(
+    jnp.broadcast_to(rates, x.shape + rates.shape[-1:]), x[..., None], axis=-1
+  )[..., 0]
 
 
-def continuous_integrand(logits: Array, x: Array, z_t: Array, schedule, t: Array, *,
-                         mask_id: int) -> Array:
+def continuous_integrand(
+  logits: Array, x: Array, z_t: Array, schedule, t: Array, *, mask_id: int
+) -> Array:
   """Σ_{ℓ masked} b_x (−log μ_x) − b_x + Σ_v b_v μ_v at times t [B], per sequence [B]."""
   masking.check_vocab(logits, mask_id)
   rates, own_rate = _rates(schedule, t, x)
@@ -87,15 +90,20 @@ def _continuous_draw(keys, denoise_fn, x, schedule, u, editable, *, mask_id, rec
   eps = reconstruction_time
   t = eps + (1.0 - eps) * u
   z_t, log_q = corrupt(main_key, x, schedule, t, mask_id=mask_id, editable=editable)
-  nats = (1.0 - eps) * continuous_integrand(denoise_fn(z_t, t), x, z_t, schedule, t, mask_id=mask_id)
+  nats = (1.0 - eps) * continuous_integrand(
+    denoise_fn(z_t, t), x, z_t, schedule, t, mask_id=mask_id
+  )
   if eps > 0:
     t_eps = jnp.full_like(u, eps)
     z_eps, log_q_eps = corrupt(recon_key, x, schedule, t_eps, mask_id=mask_id, editable=editable)
     # At small ε z_ε is usually all visible: then the term is exactly 0 and the call is skipped.
     nats += jax.lax.cond(
-        jnp.any(z_eps == mask_id),
-        lambda: masking.masked_cross_entropy(denoise_fn(z_eps, t_eps), x, z_eps, mask_id=mask_id).sum(-1),
-        lambda: jnp.zeros(x.shape[:1], jnp.float32))
+      jnp.any(z_eps == mask_id),
+      lambda: masking.masked_cross_entropy(denoise_fn(z_eps, t_eps), x, z_eps, mask_id=mask_id).sum(
+        -1
+      ),
+      lambda: jnp.zeros(x.shape[:1], jnp.float32),
+    )
     log_q += log_q_eps
   return nats, log_q
 
@@ -111,12 +119,24 @@ def _discrete_draw(key, denoise_fn, x, schedule, u, editable, *, mask_id, num_st
   own_stay = jnp.take_along_axis(stay, x, axis=-1)  # [B, L]
   stay_prob = jnp.einsum("blv,bv->bl", jax.nn.softmax(logits.astype(jnp.float32), axis=-1), stay)
   kept = own_stay * (jnp.log(jnp.maximum(own_stay, 1e-30)) - jnp.log(jnp.maximum(stay_prob, 1e-30)))
-  per_position = (1.0 - own_stay) * masking.cross_entropy(logits, x) + jnp.where(own_stay > 0, kept, 0.0)
+  per_position = (1.0 - own_stay) * masking.cross_entropy(logits, x) + jnp.where(
+    own_stay > 0, kept, 0.0
+  )
   return num_steps * jnp.where(z_t == mask_id, per_position, 0.0).sum(-1)
 
 
-def nelbo(keys: tuple, denoise_fn, x: Array, schedule, u: Array, editable: Array, *, mask_id: int,
-          num_steps: Optional[int] = None, reconstruction_time: float = 1e-4) -> Array:
+def nelbo(
+  keys: tuple,
+  denoise_fn,
+  x: Array,
+  schedule,
+  u: Array,
+  editable: Array,
+  *,
+  mask_id: int,
+  num_steps: Optional[int] = None,
+  reconstruction_time: float = 1e-4,
+) -> Array:
   """One draw of the state-dependent NELBO per sequence [B] from times u [B] in (0, 1].
 
   `keys` = (main, reconstruction), each one key per row (`masking.row_keys`);
@@ -126,15 +146,33 @@ def nelbo(keys: tuple, denoise_fn, x: Array, schedule, u: Array, editable: Array
   reaches t = 0.
   """
   if num_steps is not None:
-    return _discrete_draw(keys[0], denoise_fn, x, schedule, u, editable, mask_id=mask_id,
-                          num_steps=num_steps)
-  return _continuous_draw(keys, denoise_fn, x, schedule, u, editable, mask_id=mask_id,
-                          reconstruction_time=reconstruction_time)[0]
+    return _discrete_draw(
+      keys[0], denoise_fn, x, schedule, u, editable, mask_id=mask_id, num_steps=num_steps
+    )
+  return _continuous_draw(
+    keys,
+    denoise_fn,
+    x,
+    schedule,
+    u,
+    editable,
+    mask_id=mask_id,
+    reconstruction_time=reconstruction_time,
+  )[0]
 
 
-def surrogate(key: Array, denoise_fn, x: Array, schedule, u: Array, editable: Array, *,
-              mask_id: int, gradient: str = "rloo",
-              reconstruction_time: float = 1e-4) -> tuple[Array, Array]:
+def surrogate(
+  key: Array,
+  denoise_fn,
+  x: Array,
+  schedule,
+  u: Array,
+  editable: Array,
+  *,
+  mask_id: int,
+  gradient: str = "rloo",
+  reconstruction_time: float = 1e-4,
+) -> tuple[Array, Array]:
   """(nats [B], surrogate [B]): two draws' mean NELBO, and a loss whose gradient also holds the
   score-function term for the schedule's parameters. Equal in value; differentiate the second.
 
@@ -143,9 +181,19 @@ def surrogate(key: Array, denoise_fn, x: Array, schedule, u: Array, editable: Ar
   """
   if gradient not in GRADIENTS:
     raise ValueError(f"Unknown schedule gradient {gradient!r}; valid: {', '.join(GRADIENTS)}.")
-  draws = [_continuous_draw(masking.split_keys(k, 2), denoise_fn, x, schedule, u, editable,
-                            mask_id=mask_id, reconstruction_time=reconstruction_time)
-           for k in masking.split_keys(key, 2)]
+  draws = [
+    _continuous_draw(
+      masking.split_keys(k, 2),
+      denoise_fn,
+      x,
+      schedule,
+      u,
+      editable,
+      mask_id=mask_id,
+      reconstruction_time=reconstruction_time,
+    )
+    for k in masking.split_keys(key, 2)
+  ]
   losses = []
   for index, (nats, log_q) in enumerate(draws):
     baseline = draws[1 - index][0] if gradient == "rloo" else 0.0

@@ -26,12 +26,15 @@ class MarkovLanguage:
   `smoothing` share of the uniform law so that every transition is possible.
   """
 
-  def __init__(self, vocab_size: int, seed: int = 0, concentration: float = 0.3,
-               smoothing: float = 1e-3):
+  def __init__(
+    self, vocab_size: int, seed: int = 0, concentration: float = 0.3, smoothing: float = 1e-3
+  ):
     if vocab_size < 2:
       raise ValueError(f"vocab_size must be >= 2, got {vocab_size}.")
     if not concentration > 0 or not 0 < smoothing <= 1:
-      raise ValueError(f"Need concentration > 0 and 0 < smoothing <= 1, got {concentration}, {smoothing}.")
+      raise ValueError(
+        f"Need concentration > 0 and 0 < smoothing <= 1, got {concentration}, {smoothing}."
+      )
     rng = np.random.default_rng(seed)
     rows = rng.dirichlet(np.full(vocab_size, concentration), size=vocab_size)
     self.vocab_size = vocab_size
@@ -43,15 +46,20 @@ class MarkovLanguage:
     """The chain of a given transition matrix [V, V], which may hold exact zeros and one-hot rows
     (degenerate laws, for tests); started from `initial` [V] (default: its stationary law)."""
     transition = np.asarray(transition, np.float64)
-    if transition.ndim != 2 or transition.shape[0] != transition.shape[1] or transition.shape[0] < 2:
+    if (
+      transition.ndim != 2 or transition.shape[0] != transition.shape[1] or transition.shape[0] < 2
+    ):
       raise ValueError(f"transition must be [V, V] with V >= 2, got shape {transition.shape}.")
     if np.any(transition < 0) or not np.allclose(transition.sum(-1), 1.0):
       raise ValueError("transition rows must be probabilities that sum to 1.")
     language = cls.__new__(cls)
     language.vocab_size = transition.shape[0]
     language.transition = transition
-    language.initial = (_stationary(transition) if initial is None
-                        else np.asarray(initial, np.float64) / np.sum(initial))
+    language.initial = (
+      _stationary(transition)
+      if initial is None
+      else np.asarray(initial, np.float64) / np.sum(initial)
+    )
     return language
 
   # ---- Exact quantities (float64, NumPy) ----
@@ -118,10 +126,10 @@ class MarkovLanguage:
 
     def denoise(z_t: Array, time: Array = None) -> Array:
       # evidence[ℓ, b, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
-      hidden = (schedule.mask_prob(time)[:, None, :].astype(jnp.float32) if state_dependent
-                else 1.0)
-      evidence = jnp.where((z_t == mask_id)[..., None], hidden,
-                           jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)).transpose(1, 0, 2)
+      hidden = schedule.mask_prob(time)[:, None, :].astype(jnp.float32) if state_dependent else 1.0
+      evidence = jnp.where(
+        (z_t == mask_id)[..., None], hidden, jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)
+      ).transpose(1, 0, 2)
 
       def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
         # Visible tokens of probability 0 (a heuristic sampler can reveal such a pair) leave
@@ -140,8 +148,9 @@ class MarkovLanguage:
       _, future = jax.lax.scan(backward, last, evidence, reverse=True)
       # In a context of probability 0 the posterior is undefined; the oracle then keeps the
       # evidence from the left (and, failing that, what position ℓ itself allows).
-      posterior = _normalized_or(predicted * future * evidence,
-                                 _normalized_or(predicted * evidence, evidence))
+      posterior = _normalized_or(
+        predicted * future * evidence, _normalized_or(predicted * evidence, evidence)
+      )
       return jnp.log(jnp.maximum(posterior, _LOG_FLOOR)).transpose(1, 0, 2)
 
     return denoise
@@ -157,7 +166,7 @@ def _normalized_or(weights: Array, fallback: Array) -> Array:
 def _thresholds(probs: np.ndarray) -> Array:
   """Cumulative thresholds [..., V - 1] uint32 of laws probs [..., V]: round(2^32 · P(token <= k))."""
   cumulative = np.cumsum(probs / probs.sum(-1, keepdims=True), axis=-1)[..., :-1]
-  return jnp.asarray(np.minimum(np.round(cumulative * 2.0 ** 32), 2.0 ** 32 - 1).astype(np.uint32))
+  return jnp.asarray(np.minimum(np.round(cumulative * 2.0**32), 2.0**32 - 1).astype(np.uint32))
 
 
 def _x_log_x(p: np.ndarray) -> np.ndarray:

@@ -50,7 +50,9 @@ def split_keys(key: Array, num: int) -> tuple:
   return tuple(jax.random.split(key, num))
 
 
-def corrupt(key: Array, x: Array, alpha_t, *, mask_id: int, editable: Optional[Array] = None) -> Array:
+def corrupt(
+  key: Array, x: Array, alpha_t, *, mask_id: int, editable: Optional[Array] = None
+) -> Array:
   """Forward process q(z_t | x): keep each editable token with prob alpha_t, else mask it.
 
   Args:
@@ -65,7 +67,9 @@ def corrupt(key: Array, x: Array, alpha_t, *, mask_id: int, editable: Optional[A
   chex.assert_rank(x, 2, custom_message="corrupt: x must be clean tokens [B, L]")
   chex.assert_type(x, int, custom_message="corrupt: x must be integer token ids")
   alpha = jnp.asarray(alpha_t)
-  chex.assert_rank(alpha, {0, 1, 2}, custom_message="corrupt: alpha_t must be a scalar, [B] or [B, L]")
+  chex.assert_rank(
+    alpha, {0, 1, 2}, custom_message="corrupt: alpha_t must be a scalar, [B] or [B, L]"
+  )
   if alpha.ndim == 2:
     chex.assert_shape(alpha, x.shape, custom_message="corrupt: per-position alpha_t must be [B, L]")
   elif alpha.ndim == 1:
@@ -79,20 +83,26 @@ def corrupt(key: Array, x: Array, alpha_t, *, mask_id: int, editable: Optional[A
 
 def checked_denoiser(denoise_fn: DenoiseFn, mask_id: int) -> DenoiseFn:
   """denoise_fn whose output must be logits [B, L, mask_id] (checked once, at trace time)."""
+
   def checked(z_t, alpha_t):
     logits = denoise_fn(z_t, alpha_t)
     check_vocab(logits, mask_id)
-    chex.assert_shape(logits, z_t.shape + (mask_id,),
-                      custom_message="denoise_fn(z_t [B, L], alpha_t) must return logits [B, L, V]")
+    chex.assert_shape(
+      logits,
+      z_t.shape + (mask_id,),
+      custom_message="denoise_fn(z_t [B, L], alpha_t) must return logits [B, L, V]",
+    )
     return logits
+
   return checked
 
 
 def check_vocab(logits: Array, mask_id: int):
   if logits.shape[-1] != mask_id:
     raise ValueError(
-        f"The denoiser returned {logits.shape[-1]} logits per position but mask_id is {mask_id}: "
-        "logits must cover exactly the clean vocabulary [0, mask_id), with the mask id one past it.")
+      f"The denoiser returned {logits.shape[-1]} logits per position but mask_id is {mask_id}: "
+      "logits must cover exactly the clean vocabulary [0, mask_id), with the mask id one past it."
+    )
 
 
 def subs_log_probs(logits: Array, z_t: Array, *, mask_id: int) -> Array:
@@ -149,8 +159,14 @@ def masked_cross_entropy(logits: Array, x: Array, z_t: Array, *, mask_id: int) -
   return jnp.where(z_t == mask_id, cross_entropy(logits, x), 0.0)
 
 
-def sample_times(key: Array, batch_size: int, t_sampling: str = "stratified", *,
-                 row_index: Optional[Array] = None, num_rows: Optional[int] = None) -> Array:
+def sample_times(
+  key: Array,
+  batch_size: int,
+  t_sampling: str = "stratified",
+  *,
+  row_index: Optional[Array] = None,
+  num_rows: Optional[int] = None,
+) -> Array:
   """t in (0, 1], [B], for rows row_index (default 0..B−1) of a global batch of num_rows (default B).
 
   "stratified": t_b = 1 − ((u + row_index[b] / num_rows) mod 1), one u for the

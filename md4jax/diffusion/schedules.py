@@ -38,11 +38,16 @@ Array = jnp.ndarray
 
 def _checks_times(method):
   """The method's `t` must be float times (checked at trace time, naming the method)."""
+
   @functools.wraps(method)
   def checked(self, t):
-    chex.assert_type(t, float, custom_message=f"{type(self).__name__}.{method.__name__}(t): t must "
-                                              "be float times in [0, 1]")
+    chex.assert_type(
+      t,
+      float,
+      custom_message=f"{type(self).__name__}.{method.__name__}(t): t must be float times in [0, 1]",
+    )
     return method(self, t)
+
   return checked
 
 
@@ -255,7 +260,8 @@ class Geometric(Schedule):
   def __post_init__(self):
     if not 0.0 < self.sigma_min < self.sigma_max:
       raise ValueError(
-          f"Geometric schedule needs 0 < sigma_min < sigma_max, got {self.sigma_min}, {self.sigma_max}.")
+        f"Geometric schedule needs 0 < sigma_min < sigma_max, got {self.sigma_min}, {self.sigma_max}."
+      )
 
   @property
   def alpha_at_0(self):
@@ -266,7 +272,7 @@ class Geometric(Schedule):
     return math.exp(-self.sigma_max)
 
   def _sigma_bar(self, t):
-    return self.sigma_min ** (1.0 - t) * self.sigma_max ** t
+    return self.sigma_min ** (1.0 - t) * self.sigma_max**t
 
   def alpha(self, t):
     return jnp.exp(-self._sigma_bar(t))
@@ -280,7 +286,9 @@ class Geometric(Schedule):
 
   def _inverse(self, alpha):
     # log σ̄ is linear in t; α = 1 gives −inf and α = 0 +inf, both clipped by time_of.
-    return (jnp.log(-jnp.log(alpha)) - math.log(self.sigma_min)) / math.log(self.sigma_max / self.sigma_min)
+    return (jnp.log(-jnp.log(alpha)) - math.log(self.sigma_min)) / math.log(
+      self.sigma_max / self.sigma_min
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -302,8 +310,10 @@ class TokenPolynomial(Schedule):
   def __post_init__(self):
     w = self.exponents
     if w is None or jnp.ndim(w) != 1:
-      raise ValueError("TokenPolynomial schedule needs exponents, a positive [V] array, got "
-                       f"{None if w is None else jnp.shape(w)}.")
+      raise ValueError(
+        "TokenPolynomial schedule needs exponents, a positive [V] array, got "
+        f"{None if w is None else jnp.shape(w)}."
+      )
     if not isinstance(w, jax.core.Tracer) and not np.all(np.asarray(w) > 0):
       raise ValueError("TokenPolynomial schedule needs every exponent > 0.")
 
@@ -325,7 +335,7 @@ class TokenPolynomial(Schedule):
 
 
 def _polynomial_from_name(name: str, **kwargs) -> Schedule:
-  power = name[len("poly"):]
+  power = name[len("poly") :]
   try:
     return Polynomial(power=float(power), **kwargs)
   except ValueError as e:
@@ -333,12 +343,12 @@ def _polynomial_from_name(name: str, **kwargs) -> Schedule:
 
 
 _REGISTRY: dict[str, Callable[..., Schedule]] = {
-    "linear": Linear,
-    "md4linear": MD4Linear,
-    "cosine": Cosine,
-    "loglinear": LogLinear,
-    "geometric": Geometric,
-    "tokenpoly": TokenPolynomial,
+  "linear": Linear,
+  "md4linear": MD4Linear,
+  "cosine": Cosine,
+  "loglinear": LogLinear,
+  "geometric": Geometric,
+  "tokenpoly": TokenPolynomial,
 }
 VALID_NAMES = tuple(sorted(_REGISTRY)) + ("polyK (poly2, poly3, any K > 0)",)
 # Names whose exponents are learned with the model (config.diffusion.schedule).

@@ -23,8 +23,7 @@ import ml_collections
 import numpy as np
 
 from md4jax import config_lib
-from md4jax.evaluation import evaluate
-from md4jax.evaluation import plots
+from md4jax.evaluation import evaluate, plots
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
 
@@ -37,8 +36,9 @@ def sweep_settings(config: ml_collections.ConfigDict) -> list[dict]:
   """
   temperatures = config_lib.parse_list(config.frontier.temperatures, float)
   if config.model.type == "ar":
-    return [{"method": "ar", "num_steps": None, "threshold": None, "temperature": t}
-            for t in temperatures]
+    return [
+      {"method": "ar", "num_steps": None, "threshold": None, "temperature": t} for t in temperatures
+    ]
   methods = config_lib.parse_list(config.frontier.methods, str.strip)
   steps = config_lib.parse_list(config.frontier.num_steps, int)
   thresholds = config_lib.parse_list(config.frontier.thresholds, float)
@@ -47,11 +47,13 @@ def sweep_settings(config: ml_collections.ConfigDict) -> list[dict]:
     if method == "first_hitting":
       settings.append({"method": method, "num_steps": None, "threshold": None, "temperature": t})
     elif method == "threshold":
-      settings += [{"method": method, "num_steps": None, "threshold": h, "temperature": t}
-                   for h in thresholds]
+      settings += [
+        {"method": method, "num_steps": None, "threshold": h, "temperature": t} for h in thresholds
+      ]
     else:
-      settings += [{"method": method, "num_steps": s, "threshold": None, "temperature": t}
-                   for s in steps]
+      settings += [
+        {"method": method, "num_steps": s, "threshold": None, "temperature": t} for s in steps
+      ]
   return settings
 
 
@@ -69,8 +71,12 @@ def _point_config(config: ml_collections.ConfigDict, setting: dict) -> ml_collec
 def _true_figures(source, tokens: np.ndarray) -> dict:
   """Exact −log2 p per token of the rows under the data's law, and its perplexity, ± SE."""
   mean, stderr = evaluate.mean_and_stderr(source.true_bits_per_token_of(tokens))
-  return {"true_bits_per_token": mean, "true_bits_per_token_stderr": stderr,
-          "true_perplexity": 2.0 ** mean, "true_perplexity_stderr": 2.0 ** mean * math.log(2.0) * stderr}
+  return {
+    "true_bits_per_token": mean,
+    "true_bits_per_token_stderr": stderr,
+    "true_perplexity": 2.0**mean,
+    "true_perplexity_stderr": 2.0**mean * math.log(2.0) * stderr,
+  }
 
 
 def _scores(tokens: np.ndarray, judge: Optional[evaluate.Judge], source, knows_truth: bool) -> dict:
@@ -92,19 +98,24 @@ def _reference_rows(config: ml_collections.ConfigDict, source, length: int) -> O
   for batch in source.eval_batches(config.frontier.num_samples, config.eval.batch_size):
     full = np.asarray(batch["editable"]).astype(bool).all(-1)
     rows += list(np.asarray(batch["tokens"])[full][:, :length])
-  return np.stack(rows[:config.frontier.num_samples]) if len(rows) >= 2 else None
+  return np.stack(rows[: config.frontier.num_samples]) if len(rows) >= 2 else None
 
 
-def run(config: ml_collections.ConfigDict, model, params, source,
-        judge: Optional[evaluate.Judge] = None) -> dict:
+def run(
+  config: ml_collections.ConfigDict, model, params, source, judge: Optional[evaluate.Judge] = None
+) -> dict:
   """Samples and scores every point of the sweep; returns frontier.json's contents."""
   knows_truth = source.true_bits_per_token is not None
   if config.sample.prompt:
-    raise ValueError("--mode=frontier compares unprompted samples with held-out rows; unset "
-                     f"sample.prompt (got {config.sample.prompt!r}).")
+    raise ValueError(
+      "--mode=frontier compares unprompted samples with held-out rows; unset "
+      f"sample.prompt (got {config.sample.prompt!r})."
+    )
   if judge is None and not knows_truth:
-    raise ValueError("--mode=frontier needs a judge: set --config.eval.judge_workdir to an md4jax AR "
-                     f"workdir (data.dataset={config.data.dataset!r} has no known law to score by).")
+    raise ValueError(
+      "--mode=frontier needs a judge: set --config.eval.judge_workdir to an md4jax AR "
+      f"workdir (data.dataset={config.data.dataset!r} has no known law to score by)."
+    )
   run_settings = generate.settings(config)
   length = run_settings["length"]
   if judge is not None:
@@ -113,19 +124,31 @@ def run(config: ml_collections.ConfigDict, model, params, source,
   points = []
   for i, setting in enumerate(sweep_settings(config)):
     point_config = _point_config(config, setting)
-    tokens, nfe, seconds, _ = generate.generate(point_config, model, params, source,
-                                                jax.random.fold_in(key, i))
-    points.append({**setting, "nfe": nfe, "seconds": seconds,
-                   **_scores(tokens, judge, source, knows_truth)})
+    tokens, nfe, seconds, _ = generate.generate(
+      point_config, model, params, source, jax.random.fold_in(key, i)
+    )
+    points.append(
+      {**setting, "nfe": nfe, "seconds": seconds, **_scores(tokens, judge, source, knows_truth)}
+    )
     print(json.dumps(points[-1]))
-  results = {"model_type": config.model.type, "num_samples": config.frontier.num_samples,
-             "length": length, "judge_workdir": judge.workdir if judge else None, "points": points,
-             "sampler": {k: v for k, v in run_settings.items()
-                         if k not in ("method", "num_steps", "threshold", "temperature")}}
+  results = {
+    "model_type": config.model.type,
+    "num_samples": config.frontier.num_samples,
+    "length": length,
+    "judge_workdir": judge.workdir if judge else None,
+    "points": points,
+    "sampler": {
+      k: v
+      for k, v in run_settings.items()
+      if k not in ("method", "num_steps", "threshold", "temperature")
+    },
+  }
   reference = _reference_rows(config, source, length)
   if reference is not None:
-    results["data"] = {"num_rows": int(len(reference)),
-                       **_scores(reference, judge, source, knows_truth)}
+    results["data"] = {
+      "num_rows": int(len(reference)),
+      **_scores(reference, judge, source, knows_truth),
+    }
   if knows_truth:
     results["true_bits_per_token"] = source.true_bits_per_token
   return results

@@ -75,8 +75,12 @@ def loss_profile(results: dict, path: pathlib.Path):
   ax.stairs(values, edges, label="w(t)·Σ masked CE / tokens")
   ax.errorbar(centers, values, yerr=errors, fmt="none", ecolor="C0", capsize=2)
   excluded = " (no endpoint terms)" if profile["endpoint_terms_excluded"] else ""
-  ax.axhline(profile["mean_bits_per_token"], color="C1", ls="--",
-             label=f"mean over t{excluded} = {profile['mean_bits_per_token']:.3f}")
+  ax.axhline(
+    profile["mean_bits_per_token"],
+    color="C1",
+    ls="--",
+    label=f"mean over t{excluded} = {profile['mean_bits_per_token']:.3f}",
+  )
   if "true_bits_per_token" in results:
     ax.axhline(results["true_bits_per_token"], color="k", ls=":", label="true entropy")
   ax.set_xlim(0, 1)
@@ -112,20 +116,40 @@ def _frontier_panel(ax, results: dict, value: str, label: str):
   """One line per (method, num_steps) through its temperatures; the held-out data as a star."""
   lines = {}
   for point in results["points"]:
-    lines.setdefault((point["method"], point["num_steps"], point.get("threshold")), []).append(point)
+    lines.setdefault((point["method"], point["num_steps"], point.get("threshold")), []).append(
+      point
+    )
   for (method, steps, threshold), points in lines.items():
     points = sorted(points, key=lambda p: p["temperature"])
-    name = (f"{method}, τ = {threshold:g}" if threshold is not None else
-            method if steps is None else f"{method}, {steps} steps")
-    ax.errorbar([p["sample_entropy"] for p in points], [p[value] for p in points],
-                xerr=[p["sample_entropy_stderr"] for p in points],
-                yerr=[p[f"{value}_stderr"] for p in points], marker="o", ms=3, capsize=2, label=name)
+    name = (
+      f"{method}, τ = {threshold:g}"
+      if threshold is not None
+      else method
+      if steps is None
+      else f"{method}, {steps} steps"
+    )
+    ax.errorbar(
+      [p["sample_entropy"] for p in points],
+      [p[value] for p in points],
+      xerr=[p["sample_entropy_stderr"] for p in points],
+      yerr=[p[f"{value}_stderr"] for p in points],
+      marker="o",
+      ms=3,
+      capsize=2,
+      label=name,
+    )
     for p in points:
-      ax.annotate(f"{p['temperature']:g}", (p["sample_entropy"], p[value]), fontsize=6,
-                  textcoords="offset points", xytext=(3, 3))
+      ax.annotate(
+        f"{p['temperature']:g}",
+        (p["sample_entropy"], p[value]),
+        fontsize=6,
+        textcoords="offset points",
+        xytext=(3, 3),
+      )
   if "data" in results:
-    ax.plot(results["data"]["sample_entropy"], results["data"][value], "k*", ms=10,
-            label="held-out data")
+    ax.plot(
+      results["data"]["sample_entropy"], results["data"][value], "k*", ms=10, label="held-out data"
+    )
   ax.set_xlabel("sample entropy (bits, unigram per sample)")
   ax.set_ylabel(label)
   ax.legend(fontsize=7)
@@ -140,10 +164,15 @@ def _excess_per_call_panel(ax, results: dict):
       lines.setdefault(point["method"], []).append(point)
   for method, points in lines.items():
     points = sorted(points, key=lambda p: p["nfe"])
-    ax.errorbar([p["nfe"] for p in points],
-                [p["true_bits_per_token"] - results["true_bits_per_token"] for p in points],
-                yerr=[p["true_bits_per_token_stderr"] for p in points], marker="o", ms=3, capsize=2,
-                label=method)
+    ax.errorbar(
+      [p["nfe"] for p in points],
+      [p["true_bits_per_token"] - results["true_bits_per_token"] for p in points],
+      yerr=[p["true_bits_per_token_stderr"] for p in points],
+      marker="o",
+      ms=3,
+      capsize=2,
+      label=method,
+    )
   ax.axhline(0.0, color="k", ls=":", lw=0.8)
   ax.set_xscale("log")
   ax.set_xlabel("network calls per batch (NFE)")
@@ -155,14 +184,20 @@ def _excess_per_call_panel(ax, results: dict):
 def draw_frontier(results: dict, path: pathlib.Path):
   """Perplexity (judge and/or true law) against sample entropy, labels are temperatures; with a
   known law, also the exact-law excess against NFE."""
-  panels = [(value, label) for value, label in
-            (("generative_perplexity", "generative perplexity (AR judge)"),
-             ("true_perplexity", "perplexity under the true law"))
-            if value in results["points"][0]]
+  panels = [
+    (value, label)
+    for value, label in (
+      ("generative_perplexity", "generative perplexity (AR judge)"),
+      ("true_perplexity", "perplexity under the true law"),
+    )
+    if value in results["points"][0]
+  ]
   per_call = "true_bits_per_token" in results and any(
-      p["temperature"] == 1.0 for p in results["points"])
-  fig, axes = plt.subplots(1, len(panels) + per_call, figsize=(5.5 * (len(panels) + per_call), 4),
-                           squeeze=False)
+    p["temperature"] == 1.0 for p in results["points"]
+  )
+  fig, axes = plt.subplots(
+    1, len(panels) + per_call, figsize=(5.5 * (len(panels) + per_call), 4), squeeze=False
+  )
   for ax, (value, label) in zip(axes[0], panels):
     _frontier_panel(ax, results, value, label)
   if per_call:

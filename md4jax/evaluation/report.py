@@ -11,10 +11,10 @@ import pathlib
 from md4jax.runtime import workdir as workdir_lib
 
 ESTIMATOR_NAMES = {
-    "standard": "t-estimator (t ~ U(0,1), w(t)·Σ masked CE)",
-    "mask_count": "mask-count estimator (k masked ~ U, t integrated out)",
-    "forced_target": "forced-target estimator (one forced masked position)",
-    "exact_nll": "exact NLL (causal factorization)",
+  "standard": "t-estimator (t ~ U(0,1), w(t)·Σ masked CE)",
+  "mask_count": "mask-count estimator (k masked ~ U, t integrated out)",
+  "forced_target": "forced-target estimator (one forced masked position)",
+  "exact_nll": "exact NLL (causal factorization)",
 }
 
 
@@ -29,8 +29,10 @@ def render(results: dict) -> str:
   is_ar = results["model_type"] == "ar"
   step = results.get("step")
   lines = [f"# Evaluation{f' at step {step}' if step is not None else ''}", ""]
-  lines.append(f"{results['num_sequences']} held-out sequences, {results['num_tokens']} scored tokens; "
-               "± is one standard error over sequences.")
+  lines.append(
+    f"{results['num_sequences']} held-out sequences, {results['num_tokens']} scored tokens; "
+    "± is one standard error over sequences."
+  )
   lines.append("")
   lines += ["| Quantity | Value |", "|---|---|"]
   mean, stderr = results["nelbo_bits_per_token"], results["nelbo_bits_per_token_stderr"]
@@ -42,89 +44,143 @@ def render(results: dict) -> str:
     lines.append(f"| perplexity | ≤ {results['perplexity']:.4f} |")
   relation = "=" if is_ar else "≤"  # An AR figure is the exact NLL, a diffusion one a bound.
   if "bits_per_character" in results:
-    lines.append(f"| bits/character ({results['num_characters']} characters) | "
-                 f"{relation} {results['bits_per_character']:.4f} |")
+    lines.append(
+      f"| bits/character ({results['num_characters']} characters) | "
+      f"{relation} {results['bits_per_character']:.4f} |"
+    )
   if "bits_per_byte" in results:
-    lines.append(f"| bits/byte ({results['num_bytes']} UTF-8 bytes) | "
-                 f"{relation} {results['bits_per_byte']:.4f} |")
+    lines.append(
+      f"| bits/byte ({results['num_bytes']} UTF-8 bytes) | "
+      f"{relation} {results['bits_per_byte']:.4f} |"
+    )
   if "true_bits_per_token" in results:
     lines.append(f"| true entropy (bits/token) | {results['true_bits_per_token']:.4f} |")
     lines.append(f"| gap to the entropy | {results['gap_percent']:+.2f}% |")
-    lines.append(f"| paired excess over −log2 p (bits/token) | "
-                 f"{_pm(results['excess_bits_per_token'], results['excess_bits_per_token_stderr'])} |")
+    lines.append(
+      f"| paired excess over −log2 p (bits/token) | "
+      f"{_pm(results['excess_bits_per_token'], results['excess_bits_per_token_stderr'])} |"
+    )
   lines.append("")
   estimator = results["estimator"]
   if is_ar:
-    lines.append("Estimator: exact NLL — the causal model's likelihood, no Monte Carlo (a measurement, "
-                 "not a bound).")
+    lines.append(
+      "Estimator: exact NLL — the causal model's likelihood, no Monte Carlo (a measurement, "
+      "not a bound)."
+    )
   else:
-    lines.append(f"Estimator: {ESTIMATOR_NAMES.get(estimator, estimator)}, "
-                 f"K = {results['num_mc_samples']} Monte Carlo draws per sequence. "
-                 "The NELBO is an upper bound on the NLL (≤).")
+    lines.append(
+      f"Estimator: {ESTIMATOR_NAMES.get(estimator, estimator)}, "
+      f"K = {results['num_mc_samples']} Monte Carlo draws per sequence. "
+      "The NELBO is an upper bound on the NLL (≤)."
+    )
   if "side_by_side" in results:
     pair = results["side_by_side"]
     name = "exact NLL" if is_ar else "NELBO"
-    lines += ["", "## Side by side with the AR judge", "",
-              f"The same {results['num_sequences']} sequences and tokens scored by the AR model of "
-              f"`{pair['judge_workdir']}` (exact NLL); the difference and ratio are paired by sequence.",
-              "", "| Quantity | Value |", "|---|---|",
-              f"| this model's {name} (bits/token) | {'' if is_ar else '≤ '}{_pm(mean, stderr)} |",
-              f"| AR judge's exact NLL (bits/token) | "
-              f"{_pm(pair['judge_nll_bits_per_token'], pair['judge_nll_bits_per_token_stderr'])} |",
-              f"| difference (bits/token) | "
-              f"{_pm(pair['difference_bits_per_token'], pair['difference_bits_per_token_stderr'])} |",
-              f"| ratio {name} / AR NLL | {_pm(pair['ratio'], pair['ratio_stderr'])} |"]
+    lines += [
+      "",
+      "## Side by side with the AR judge",
+      "",
+      f"The same {results['num_sequences']} sequences and tokens scored by the AR model of "
+      f"`{pair['judge_workdir']}` (exact NLL); the difference and ratio are paired by sequence.",
+      "",
+      "| Quantity | Value |",
+      "|---|---|",
+      f"| this model's {name} (bits/token) | {'' if is_ar else '≤ '}{_pm(mean, stderr)} |",
+      f"| AR judge's exact NLL (bits/token) | "
+      f"{_pm(pair['judge_nll_bits_per_token'], pair['judge_nll_bits_per_token_stderr'])} |",
+      f"| difference (bits/token) | "
+      f"{_pm(pair['difference_bits_per_token'], pair['difference_bits_per_token_stderr'])} |",
+      f"| ratio {name} / AR NLL | {_pm(pair['ratio'], pair['ratio_stderr'])} |",
+    ]
   if "estimators" in results:
-    lines += ["", "## Continuous-time bound by estimator", "", "Same sequences, same K; the expectation "
-              "is the same, only the variance differs. The t-estimator weights the few tokens masked "
-              "at small t by w(t), which is unbounded there (1/t for the linear schedule), so its "
-              "spread, and its standard error, are heavy-tailed; the mask-count estimator's are not.", "",
-              "| Estimator | NELBO (bits/token) |", "|---|---|"]
+    lines += [
+      "",
+      "## Continuous-time bound by estimator",
+      "",
+      "Same sequences, same K; the expectation "
+      "is the same, only the variance differs. The t-estimator weights the few tokens masked "
+      "at small t by w(t), which is unbounded there (1/t for the linear schedule), so its "
+      "spread, and its standard error, are heavy-tailed; the mask-count estimator's are not.",
+      "",
+      "| Estimator | NELBO (bits/token) |",
+      "|---|---|",
+    ]
     for name, figure in results["estimators"].items():
-      lines.append(f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
+      lines.append(
+        f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |"
+      )
   if "discrete_time" in results:
-    lines += ["", "## Discrete-time bounds", "",
-              f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}, "
-              f"K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence. "
-              "A bound with T "
-              "steps is looser than the continuous one and tightens as T grows.", "",
-              "| T | NELBO (bits/token) |", "|---|---|"]
+    lines += [
+      "",
+      "## Discrete-time bounds",
+      "",
+      f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}, "
+      f"K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence. "
+      "A bound with T "
+      "steps is looser than the continuous one and tightens as T grows.",
+      "",
+      "| T | NELBO (bits/token) |",
+      "|---|---|",
+    ]
     for steps, figure in results["discrete_time"].items():
       lines.append(f"| {steps} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
     lines.append(f"| ∞ (continuous) | ≤ {_pm(mean, stderr)} |")
   if "loss_profile" in results:
     profile = results["loss_profile"]
     edges = profile["t_edges"]
-    lines += ["", "## Per-t loss profile", "",
-              f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
-              f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of "
-              + ("the schedule's part of the bound (its endpoint terms, not shown, make up the rest)"
-                 if profile["endpoint_terms_excluded"] else "the continuous bound")
-              + f": {_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.", "",
-              "| t | bits/token |", "|---|---|"]
-    for lo, hi, value, stderr in zip(edges, edges[1:], profile["bits_per_token"], profile["stderr"]):
+    lines += [
+      "",
+      "## Per-t loss profile",
+      "",
+      f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
+      f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of "
+      + (
+        "the schedule's part of the bound (its endpoint terms, not shown, make up the rest)"
+        if profile["endpoint_terms_excluded"]
+        else "the continuous bound"
+      )
+      + f": {_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.",
+      "",
+      "| t | bits/token |",
+      "|---|---|",
+    ]
+    for lo, hi, value, stderr in zip(
+      edges, edges[1:], profile["bits_per_token"], profile["stderr"]
+    ):
       lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")
   if "learned_schedule" in results:
     learned = results["learned_schedule"]
-    lines += ["", "## Learned masking schedule", "",
-              f"{learned['schedule']}: α_v(t) = 1 − t^(w_v), learned with the model (GenMD4). A "
-              "large w_v keeps token v visible longer (masked late, revealed early in sampling). "
-              f"w ranges over [{learned['min']:.3f}, {learned['max']:.3f}] (std {learned['std']:.3f}); "
-              "plots/learned_exponents.png draws them sorted.", "",
-              "| token | id | w |", "|---|---|---|"]
+    lines += [
+      "",
+      "## Learned masking schedule",
+      "",
+      f"{learned['schedule']}: α_v(t) = 1 − t^(w_v), learned with the model (GenMD4). A "
+      "large w_v keeps token v visible longer (masked late, revealed early in sampling). "
+      f"w ranges over [{learned['min']:.3f}, {learned['max']:.3f}] (std {learned['std']:.3f}); "
+      "plots/learned_exponents.png draws them sorted.",
+      "",
+      "| token | id | w |",
+      "|---|---|---|",
+    ]
     rows = list(zip(learned["tokens"], learned["token_ids"], learned["exponents"]))
     shown = [f"| {repr(token)[1:-1]} | {token_id} | {w:.4f} |" for token, token_id, w in rows]
     lines += shown if len(shown) <= 40 else shown[:20] + ["| … | … | … |"] + shown[-20:]
   if "generative_perplexity" in results:
     sampler = ", ".join(f"{k}={v}" for k, v in results["sampler"].items() if v not in (None, ""))
-    lines += ["", "## Samples under the judge", "",
-              f"{results['num_judged_samples']} fresh samples ({sampler}) scored by the AR model of "
-              f"`{results['judge_workdir']}`. A low generative perplexity with a low sample entropy "
-              "is repetition, not quality: read them together.", "",
-              "| Quantity | Value |", "|---|---|",
-              f"| generative perplexity | {_pm(results['generative_perplexity'], results['generative_perplexity_stderr'])} |",
-              f"| sample entropy (bits, unigram per sample) | "
-              f"{_pm(results['sample_entropy'], results['sample_entropy_stderr'])} |"]
+    lines += [
+      "",
+      "## Samples under the judge",
+      "",
+      f"{results['num_judged_samples']} fresh samples ({sampler}) scored by the AR model of "
+      f"`{results['judge_workdir']}`. A low generative perplexity with a low sample entropy "
+      "is repetition, not quality: read them together.",
+      "",
+      "| Quantity | Value |",
+      "|---|---|",
+      f"| generative perplexity | {_pm(results['generative_perplexity'], results['generative_perplexity_stderr'])} |",
+      f"| sample entropy (bits, unigram per sample) | "
+      f"{_pm(results['sample_entropy'], results['sample_entropy_stderr'])} |",
+    ]
   return "\n".join(lines) + "\n"
 
 

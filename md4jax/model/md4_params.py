@@ -37,8 +37,10 @@ def _dense(tree: dict, path: str) -> dict:
   node = tree
   for part in path.split("/"):
     if not hasattr(node, "keys") or part not in node:
-      raise ValueError(f"MD4 params have no {path!r} (missing {part!r}): from_md4 expects MD4's "
-                       "time-conditioned text network (md4/configs/md4/text8.py's choices).")
+      raise ValueError(
+        f"MD4 params have no {path!r} (missing {part!r}): from_md4 expects MD4's "
+        "time-conditioned text network (md4/configs/md4/text8.py's choices)."
+      )
     node = node[part]
   return {name: np.asarray(node[name]) for name in ("kernel", "bias") if name in node}
 
@@ -54,31 +56,36 @@ def from_md4(md4_params: dict, num_heads: int, scan_layers: bool = False) -> dic
     raise ValueError(f"MD4's width {model_dim} is not divisible by num_heads={num_heads}.")
   head_dim = model_dim // num_heads
   perm = rope_permutation(head_dim)
-  blocks = sorted((k for k in tree["Transformer_0"] if k.startswith("TransformerBlock_")),
-                  key=lambda k: int(k.rsplit("_", 1)[1]))
+  blocks = sorted(
+    (k for k in tree["Transformer_0"] if k.startswith("TransformerBlock_")),
+    key=lambda k: int(k.rsplit("_", 1)[1]),
+  )
   if not blocks:
     raise ValueError("MD4 params have no Transformer_0/TransformerBlock_*: not MD4's text network.")
   out = {
-      "embed": {"embedding": np.asarray(tree["Embed_0"]["embedding"])},
-      "embed_proj": net,
-      "time_in": _dense(tree, "CondEmbedding_0/dense0"),
-      "time_out": _dense(tree, "CondEmbedding_0/Dense_0"),
-      "final_adaln": _dense(tree, "Transformer_0/Dense_1"),
-      "logits": _dense(tree, "Transformer_0/Dense_2"),
+    "embed": {"embedding": np.asarray(tree["Embed_0"]["embedding"])},
+    "embed_proj": net,
+    "time_in": _dense(tree, "CondEmbedding_0/dense0"),
+    "time_out": _dense(tree, "CondEmbedding_0/Dense_0"),
+    "final_adaln": _dense(tree, "Transformer_0/Dense_1"),
+    "logits": _dense(tree, "Transformer_0/Dense_2"),
   }
   converted = []
   for name in blocks:
     prefix = f"Transformer_0/{name}"
-    heads = lambda w: _dense(tree, f"{prefix}/attention/{w}")["kernel"].reshape(
-        model_dim, num_heads, head_dim)
+    heads = lambda w, prefix=prefix: _dense(tree, f"{prefix}/attention/{w}")["kernel"].reshape(
+      model_dim, num_heads, head_dim
+    )
     qkv = np.stack([heads("wq")[..., perm], heads("wk")[..., perm], heads("wv")], axis=1)
     wo = _dense(tree, f"{prefix}/attention/wo")["kernel"].reshape(num_heads, head_dim, model_dim)
-    mlp = lambda w: _dense(tree, f"{prefix}/feed_forward/{w}")
-    converted.append({
+    mlp = lambda w, prefix=prefix: _dense(tree, f"{prefix}/feed_forward/{w}")
+    converted.append(
+      {
         "attn": {"qkv": {"kernel": qkv}, "out": {"kernel": wo}},
         "mlp": {"gate": mlp("w1"), "up": mlp("w3"), "down": mlp("w2")},
         "adaln": _dense(tree, f"{prefix}/Dense_0"),
-    })
+      }
+    )
   if scan_layers:
     out["blocks"] = {"block": jax.tree.map(lambda *layers: np.stack(layers), *converted)}
   else:

@@ -35,8 +35,9 @@ def _project_backward(num_in, residuals, g):
   x, kernel = residuals
   tokens, _ = _projection_dims(x.ndim, num_in)
   num_out = kernel.ndim - num_in
-  dx = jax.lax.dot_general(g, kernel, ((tuple(range(len(tokens), g.ndim)),
-                                        tuple(range(num_in, kernel.ndim))), ((), ())))
+  dx = jax.lax.dot_general(
+    g, kernel, ((tuple(range(len(tokens), g.ndim)), tuple(range(num_in, kernel.ndim))), ((), ()))
+  )
   if math.prod(kernel.shape[num_in:]) >= math.prod(kernel.shape[:num_in]):
     dkernel = jax.lax.dot_general(x, g, ((tokens, tokens), ((), ())))
   else:

@@ -14,6 +14,7 @@ Every param and the main activations carry logical axis names ("embed",
 "heads", "mlp", ...); `md4jax.runtime.sharding` maps them to mesh axes. Without a
 mesh in context the names change nothing.
 """
+
 import math
 
 import chex
@@ -24,7 +25,7 @@ import numpy as np
 
 from md4jax.model.projection import PROJECTION, named_projection
 from md4jax.model.rope import rope_cos_sin, rotate
-from md4jax.model.splash import splash_attention, splash_block_size  # Re-exported: callers know them here.
+from md4jax.model.splash import splash_attention, splash_block_size  # noqa: F401 (re-exported)
 
 ATTENTIONS = ("xla", "cudnn", "splash")
 REMATS = ("none", "full", "save_dots")
@@ -40,7 +41,10 @@ WEIGHT_INITS = ("normal", "fan_in", "fan_in_mlp_depth")
 # Sinusoidal time features: "dit" [cos, sin] at frequencies 10000^(-i/half) (DiT's);
 # "ddpm" [sin, cos] at 10000^(-i/(half-1)) (DDPM's, MD4's).
 TIME_FEATURES = ("dit", "ddpm")
-ADALN_ACTIVATIONS = ("silu", "sigmoid")  # Applied to the time embedding before every adaLN projection.
+ADALN_ACTIVATIONS = (
+  "silu",
+  "sigmoid",
+)  # Applied to the time embedding before every adaLN projection.
 _TIME_CONDITIONINGS = ("none", "adaln")
 _INIT_STD = 0.02
 
@@ -54,19 +58,28 @@ def _init(initializer, names):
   return nn.with_logical_partitioning(initializer, names)
 
 
-def kernel_init(init: str, num_layers: int, in_axes=-2, out_axes=-1, *,
-                writes_residual: bool = False, in_mlp: bool = False):
+def kernel_init(
+  init: str,
+  num_layers: int,
+  in_axes=-2,
+  out_axes=-1,
+  *,
+  writes_residual: bool = False,
+  in_mlp: bool = False,
+):
   """The initializer of a weight matrix under `init` (WEIGHT_INITS), its input dims in_axes.
 
   writes_residual: the matrix writes into the residual stream (attention out, MLP down);
   in_mlp: one of the MLP's three matrices.
   """
   if init == "normal":
-    return nn.initializers.normal(_INIT_STD / math.sqrt(2 * num_layers) if writes_residual
-                                  else _INIT_STD)
+    return nn.initializers.normal(
+      _INIT_STD / math.sqrt(2 * num_layers) if writes_residual else _INIT_STD
+    )
   scale = 2.0 / num_layers if init == "fan_in_mlp_depth" and in_mlp else 1.0
-  return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal",
-                                          in_axis=in_axes, out_axis=out_axes)
+  return nn.initializers.variance_scaling(
+    scale, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes
+  )
 
 
 def embedding_init(init: str):
@@ -126,8 +139,12 @@ def softmax_attention(q, k, v, mask=None, causal: bool = False):
   Plain einsum-softmax attention: the same math as jax.nn.dot_product_attention,
   which on CPU lowers to a slower graph (issue 14). Scores and softmax are float32.
   """
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
-                      preferred_element_type=jnp.float32)
+  scores = jnp.einsum(
+    "bqhd,bkhd->bhqk",
+    q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype),
+    k,
+    preferred_element_type=jnp.float32,
+  )
   allowed = mask
   if causal:
     lower = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
@@ -150,6 +167,7 @@ class _Projection(nn.Module):
   (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
   named-axis constraint flax applies when it checks an existing param's shape.)
   """
+
   shape: tuple
   num_in: int
   names: tuple
@@ -165,6 +183,7 @@ class _Projection(nn.Module):
 
 class Attention(nn.Module):
   """Multi-head self-attention with RoPE; no biases."""
+
   num_heads: int
   causal: bool
   weight_init: str  # WEIGHT_INITS
@@ -180,10 +199,14 @@ class Attention(nn.Module):
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
-    qkv = _Projection((model_dim, 3, self.num_heads, head_dim), 1,
-                      ("embed", "qkv", "heads", "head_dim"),
-                      kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)), self.dtype,
-                      name="qkv")(x)
+    qkv = _Projection(
+      (model_dim, 3, self.num_heads, head_dim),
+      1,
+      ("embed", "qkv", "heads", "head_dim"),
+      kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
+      self.dtype,
+      name="qkv",
+    )(x)
     # RoPE rotates q and k together ([B, L, 2, H, Dh], cos and sin broadcast over the pair): one
     # pass instead of two (the 4x256 step: 6% faster). Split and unstacked, not indexed: the
     # gradient is one concatenation, not zero-padded copies summed.
@@ -196,18 +219,26 @@ class Attention(nn.Module):
     if self.implementation == "splash":
       out = splash_attention(q, k, v, segment_ids, self.causal)
     elif self.implementation == "cudnn":
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal,
-                                         implementation="cudnn")
+      out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=self.causal, implementation="cudnn"
+      )
     else:
       out = softmax_attention(q, k, v, mask, self.causal)
     out = _constrain(out, _HEADS)
     out_init = kernel_init(self.weight_init, self.num_layers, (0, 1), 2, writes_residual=True)
-    return _Projection((self.num_heads, head_dim, model_dim), 2, ("heads", "head_dim", "embed"),
-                       out_init, self.dtype, name="out")(out)
+    return _Projection(
+      (self.num_heads, head_dim, model_dim),
+      2,
+      ("heads", "head_dim", "embed"),
+      out_init,
+      self.dtype,
+      name="out",
+    )(out)
 
 
 class SwiGLU(nn.Module):
   """Gated MLP: W_down(silu(x W_gate) * (x W_up)), or with a sigmoid gate; no biases."""
+
   mlp_dim: int
   weight_init: str  # WEIGHT_INITS
   num_layers: int  # Of the whole network: the depth-scaled inits use it.
@@ -220,32 +251,48 @@ class SwiGLU(nn.Module):
     # W_gate and W_up as two matmuls (`project`): stacked into one [D, 2, F] kernel, every step
     # copied both kernels and concatenated the two gradients (4x256 step: 4% slower).
     in_init = kernel_init(self.weight_init, self.num_layers, in_mlp=True)
-    gate, up = (_Projection((model_dim, self.mlp_dim), 1, ("embed", "mlp"), in_init, self.dtype,
-                            name=name)(x) for name in ("gate", "up"))
+    gate, up = (
+      _Projection((model_dim, self.mlp_dim), 1, ("embed", "mlp"), in_init, self.dtype, name=name)(x)
+      for name in ("gate", "up")
+    )
     activation = nn.silu if self.gate == "swiglu" else nn.sigmoid
     hidden = _constrain(activation(gate) * up, ("batch", "length", "mlp"))
     out_init = kernel_init(self.weight_init, self.num_layers, writes_residual=True, in_mlp=True)
-    return _Projection((self.mlp_dim, model_dim), 1, ("mlp", "embed"), out_init, self.dtype,
-                       name="down")(hidden)
+    return _Projection(
+      (self.mlp_dim, model_dim), 1, ("mlp", "embed"), out_init, self.dtype, name="down"
+    )(hidden)
 
 
 def _norm(kind, eps, dtype, name):
   if kind == "layer":
-    return nn.LayerNorm(epsilon=eps, use_scale=False, use_bias=False, dtype=dtype,
-                        param_dtype=jnp.float32, name=name)
-  return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=jnp.float32,
-                    scale_init=_init(nn.initializers.ones, ("embed",)), name=name)
+    return nn.LayerNorm(
+      epsilon=eps, use_scale=False, use_bias=False, dtype=dtype, param_dtype=jnp.float32, name=name
+    )
+  return nn.RMSNorm(
+    epsilon=eps,
+    dtype=dtype,
+    param_dtype=jnp.float32,
+    scale_init=_init(nn.initializers.ones, ("embed",)),
+    name=name,
+  )
 
 
 def _adaln(num_outputs: int, cond_names: tuple, use_bias: bool, dtype, name: str):
   """The zero-initialized projection of the (activated) time embedding to num_outputs × D."""
-  return nn.Dense(num_outputs, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                  kernel_init=_init(nn.initializers.zeros, cond_names + ("modulation",)),
-                  bias_init=_init(nn.initializers.zeros, ("modulation",)), name=name)
+  return nn.Dense(
+    num_outputs,
+    use_bias=use_bias,
+    dtype=dtype,
+    param_dtype=jnp.float32,
+    kernel_init=_init(nn.initializers.zeros, cond_names + ("modulation",)),
+    bias_init=_init(nn.initializers.zeros, ("modulation",)),
+    name=name,
+  )
 
 
 class Block(nn.Module):
   """Pre-norm Transformer block, optionally adaLN-Zero modulated by `cond`."""
+
   num_heads: int
   mlp_dim: int
   causal: bool
@@ -264,8 +311,15 @@ class Block(nn.Module):
     segment_ids as Attention takes them."""
     model_dim = x.shape[-1]
     norm = lambda name: _norm(self.norm, self.norm_eps, self.dtype, name)
-    attn = Attention(self.num_heads, self.causal, self.weight_init, self.num_layers, self.dtype,
-                     self.attention, name="attn")
+    attn = Attention(
+      self.num_heads,
+      self.causal,
+      self.weight_init,
+      self.num_layers,
+      self.dtype,
+      self.attention,
+      name="attn",
+    )
     mlp = SwiGLU(self.mlp_dim, self.weight_init, self.num_layers, self.dtype, self.mlp, name="mlp")
     if cond is None:
       x = x + attn(norm("attn_norm")(x), rope, mask, segment_ids)
@@ -275,14 +329,16 @@ class Block(nn.Module):
     cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)  # A narrower one: whole.
     mod = _adaln(6 * model_dim, cond_names, self.biases, self.dtype, "adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attn(_modulate(norm("attn_norm")(x), shift1, scale1),
-                                     rope, mask, segment_ids)
+    x = x + gate1[:, None, :] * attn(
+      _modulate(norm("attn_norm")(x), shift1, scale1), rope, mask, segment_ids
+    )
     x = x + gate2[:, None, :] * mlp(_modulate(norm("mlp_norm")(x), shift2, scale2))
     return _constrain(x, _HIDDEN)
 
 
 class _ScannedBlock(nn.Module):
   """A Block in nn.scan's (carry, out) form: the residual stream is the carry."""
+
   block: type
   kwargs: dict
 
@@ -297,8 +353,9 @@ def _remat_policy(remat: str):
   if remat == "full":
     return None
   policies = jax.checkpoint_policies
-  return policies.save_from_both_policies(policies.dots_with_no_batch_dims_saveable,
-                                          policies.save_only_these_names(PROJECTION))
+  return policies.save_from_both_policies(
+    policies.dots_with_no_batch_dims_saveable, policies.save_only_these_names(PROJECTION)
+  )
 
 
 class Transformer(nn.Module):
@@ -317,6 +374,7 @@ class Transformer(nn.Module):
   the backward pass; scan_layers runs the blocks under nn.scan (params stacked
   on a leading "layers" axis), so compile time does not grow with depth.
   """
+
   vocab_size: int
   num_layers: int
   model_dim: int
@@ -345,23 +403,28 @@ class Transformer(nn.Module):
 
   def _check_config(self, alpha):
     if self.time_conditioning not in _TIME_CONDITIONINGS:
-      raise ValueError(f"unknown time_conditioning {self.time_conditioning!r}; "
-                       f"expected one of {_TIME_CONDITIONINGS}")
+      raise ValueError(
+        f"unknown time_conditioning {self.time_conditioning!r}; "
+        f"expected one of {_TIME_CONDITIONINGS}"
+      )
     if self.attention not in ATTENTIONS:
       raise ValueError(f"unknown attention {self.attention!r}; expected one of {ATTENTIONS}")
     for name, value, valid in (
-        ("remat", self.remat, REMATS), ("norm", self.norm, NORMS), ("mlp", self.mlp, MLPS),
-        ("output_init", self.output_init, OUTPUT_INITS), ("weight_init", self.weight_init, WEIGHT_INITS),
-        ("time_features", self.time_features, TIME_FEATURES),
-        ("adaln_activation", self.adaln_activation, ADALN_ACTIVATIONS)):
+      ("remat", self.remat, REMATS),
+      ("norm", self.norm, NORMS),
+      ("mlp", self.mlp, MLPS),
+      ("output_init", self.output_init, OUTPUT_INITS),
+      ("weight_init", self.weight_init, WEIGHT_INITS),
+      ("time_features", self.time_features, TIME_FEATURES),
+      ("adaln_activation", self.adaln_activation, ADALN_ACTIVATIONS),
+    ):
       if value not in valid:
         raise ValueError(f"unknown {name} {value!r}; expected one of {valid}")
     time_width = self.time_dim or self.model_dim
     if self.time_features == "ddpm" and time_width < 4:
       raise ValueError(f"time_features='ddpm' needs a time width >= 4, got {time_width}")
     if self.model_dim % self.num_heads:
-      raise ValueError(f"model_dim {self.model_dim} is not divisible by "
-                       f"num_heads {self.num_heads}")
+      raise ValueError(f"model_dim {self.model_dim} is not divisible by num_heads {self.num_heads}")
     head_dim = self.model_dim // self.num_heads
     if head_dim % 2:
       raise ValueError(f"head dim {head_dim} (model_dim / num_heads) must be even for RoPE")
@@ -369,10 +432,19 @@ class Transformer(nn.Module):
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
   def _blocks(self, x, cond, mask, rope, segment_ids):
-    kwargs = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, causal=self.causal,
-                  weight_init=self.weight_init, num_layers=self.num_layers, dtype=self.dtype,
-                  attention=self.attention, norm=self.norm, norm_eps=self.norm_eps, mlp=self.mlp,
-                  biases=self.biases)
+    kwargs = dict(
+      num_heads=self.num_heads,
+      mlp_dim=self.mlp_dim,
+      causal=self.causal,
+      weight_init=self.weight_init,
+      num_layers=self.num_layers,
+      dtype=self.dtype,
+      attention=self.attention,
+      norm=self.norm,
+      norm_eps=self.norm_eps,
+      mlp=self.mlp,
+      biases=self.biases,
+    )
     block = Block
     if self.remat != "none":
       # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
@@ -381,9 +453,14 @@ class Transformer(nn.Module):
       for i in range(self.num_layers):
         x = block(**kwargs, name=f"block_{i}")(x, cond, mask, rope, segment_ids)
       return x
-    scanned = nn.scan(_ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
-                      in_axes=(nn.broadcast,) * 4, length=self.num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
+    scanned = nn.scan(
+      _ScannedBlock,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast,) * 4,
+      length=self.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
     x, _ = scanned(block, kwargs, name="blocks")(x, cond, mask, rope, segment_ids)
     return x
 
@@ -403,35 +480,51 @@ class Transformer(nn.Module):
     if segment_ids is not None:
       segment_ids = jnp.asarray(segment_ids)
       if segment_ids.shape != tokens.shape:
-        raise ValueError(f"segment_ids must have the tokens' shape {tokens.shape}, "
-                         f"got {segment_ids.shape}")
+        raise ValueError(
+          f"segment_ids must have the tokens' shape {tokens.shape}, got {segment_ids.shape}"
+        )
       if self.attention != "splash":
         mask = segment_attention_mask(segment_ids)
     if positions is not None and jnp.shape(positions) != tokens.shape:
-      raise ValueError(f"positions must have the tokens' shape {tokens.shape}, "
-                       f"got {jnp.shape(positions)}")
+      raise ValueError(
+        f"positions must have the tokens' shape {tokens.shape}, got {jnp.shape(positions)}"
+      )
     if positions is not None and not isinstance(positions, jax.core.Tracer):
       # Traced positions out of range give NaN logits (rope_cos_sin); known ones are refused here.
       known = np.asarray(positions)
       outside = known[(known < 0) | (known >= tokens.shape[1])]
       if outside.size:
-        raise ValueError(f"positions must lie in [0, {tokens.shape[1]}) (the sequence length), "
-                         f"got {outside.ravel()[:5].tolist()}")
+        raise ValueError(
+          f"positions must lie in [0, {tokens.shape[1]}) (the sequence length), "
+          f"got {outside.ravel()[:5].tolist()}"
+        )
     dense_init = kernel_init(self.weight_init, self.num_layers)
     # An axis of the model's width is "embed" (sharded by FSDP); another one stays whole.
     width_name = lambda width: "embed" if width == self.model_dim else None
 
     def dense(features, names, name):
-      return nn.Dense(features, use_bias=self.biases, dtype=self.dtype, param_dtype=jnp.float32,
-                      kernel_init=_init(dense_init, names),
-                      bias_init=_init(nn.initializers.zeros, names[-1:]), name=name)
+      return nn.Dense(
+        features,
+        use_bias=self.biases,
+        dtype=self.dtype,
+        param_dtype=jnp.float32,
+        kernel_init=_init(dense_init, names),
+        bias_init=_init(nn.initializers.zeros, names[-1:]),
+        name=name,
+      )
 
     # V + 1 rows: the extra row is the mask token (input only).
     embed_dim = self.embed_dim or self.model_dim
-    x = nn.Embed(self.vocab_size + 1, embed_dim, dtype=self.dtype, param_dtype=jnp.float32,
-                 embedding_init=_init(embedding_init(self.weight_init),
-                                      ("vocab", None if self.embed_dim else "embed")),
-                 name="embed")(tokens)
+    x = nn.Embed(
+      self.vocab_size + 1,
+      embed_dim,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+      embedding_init=_init(
+        embedding_init(self.weight_init), ("vocab", None if self.embed_dim else "embed")
+      ),
+      name="embed",
+    )(tokens)
     if self.embed_dim:  # A narrow embedding projected to the width (MD4's 64-d tokens).
       x = dense(self.model_dim, (None, "embed"), "embed_proj")(x)
     x = _constrain(x, _HIDDEN)
@@ -444,15 +537,20 @@ class Transformer(nn.Module):
       width = self.time_dim or self.model_dim
       hidden = self.time_hidden_dim or width
       c = dense(hidden, ("time", width_name(hidden)), "time_in")(
-          timestep_features(alpha, width, style=self.time_features))
+        timestep_features(alpha, width, style=self.time_features)
+      )
       c = dense(width, ("time", width_name(width)), "time_out")(nn.silu(c))
       # Every modulation Dense reads the same activated embedding (DiT: silu); compute it once.
       cond = nn.silu(c) if self.adaln_activation == "silu" else nn.sigmoid(c)
 
     # RoPE's cos and sin, once for every layer: [B, L, Dh / 2], or [1, L, Dh / 2] by default.
     length, head_dim = tokens.shape[1], self.model_dim // self.num_heads
-    rope = rope_cos_sin(np.arange(length)[None] if positions is None else positions, head_dim,
-                        self.rope_base, num_positions=length)
+    rope = rope_cos_sin(
+      np.arange(length)[None] if positions is None else positions,
+      head_dim,
+      self.rope_base,
+      num_positions=length,
+    )
     x = self._blocks(x, cond, mask, rope, segment_ids)
 
     x = _norm(self.norm, self.norm_eps, self.dtype, "final_norm")(x)
@@ -462,9 +560,14 @@ class Transformer(nn.Module):
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = _modulate(x, shift, scale)
     output_init = nn.initializers.zeros if self.output_init == "zeros" else dense_init
-    logits = nn.Dense(self.vocab_size, use_bias=False, dtype=self.dtype,
-                      param_dtype=jnp.float32, kernel_init=_init(output_init, ("embed", "vocab")),
-                      name="logits")(x)
+    logits = nn.Dense(
+      self.vocab_size,
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+      kernel_init=_init(output_init, ("embed", "vocab")),
+      name="logits",
+    )(x)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
     return _constrain(logits, ("batch", "length", "vocab"))
 

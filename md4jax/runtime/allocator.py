@@ -44,6 +44,11 @@ def reuse_freed_host_memory() -> bool:
     mallopt = libc.mallopt
   except (OSError, AttributeError, TypeError):  # Not glibc (macOS, musl): nothing to tune.
     return False
-  return all(mallopt(param, value) == 1 for param, value in (
-      (_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-      (_M_TRIM_THRESHOLD, 2**31 - 1)))
+  return all(
+    mallopt(param, value) == 1
+    for param, value in (
+      (_M_ARENA_MAX, 1),
+      (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+      (_M_TRIM_THRESHOLD, 2**31 - 1),
+    )
+  )

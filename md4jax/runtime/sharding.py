@@ -22,8 +22,7 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
-from jax.experimental import multihost_utils
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -33,17 +32,17 @@ BATCH_AXES = ("data", "fsdp")
 # Logical axis -> mesh axis, first match whose mesh axis is still free in the
 # array wins (so an activation's "embed" stays whole once "batch" took fsdp).
 LOGICAL_AXIS_RULES = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),      # The model width: params sharded by FSDP.
-    ("heads", "tensor"),    # Attention heads: tensor parallel.
-    ("mlp", "tensor"),      # MLP hidden width: tensor parallel.
-    ("vocab", None),        # Vocabulary (50257 for GPT-2 divides nothing): whole.
-    ("length", None),
-    ("head_dim", None),
-    ("qkv", None),
-    ("modulation", None),   # adaLN shift/scale/gate outputs.
-    ("time", None),         # Time-embedding features.
-    ("layers", None),       # The stacked-layer axis of scanned blocks.
+  ("batch", BATCH_AXES),
+  ("embed", "fsdp"),  # The model width: params sharded by FSDP.
+  ("heads", "tensor"),  # Attention heads: tensor parallel.
+  ("mlp", "tensor"),  # MLP hidden width: tensor parallel.
+  ("vocab", None),  # Vocabulary (50257 for GPT-2 divides nothing): whole.
+  ("length", None),
+  ("head_dim", None),
+  ("qkv", None),
+  ("modulation", None),  # adaLN shift/scale/gate outputs.
+  ("time", None),  # Time-embedding features.
+  ("layers", None),  # The stacked-layer axis of scanned blocks.
 )
 
 
@@ -51,18 +50,24 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) from config.mesh, a -1 entry taking the remaining devices."""
   sizes = [mesh_config[name] for name in MESH_AXES]
   if sum(size == -1 for size in sizes) > 1 or any(size == 0 or size < -1 for size in sizes):
-    raise ValueError(f"Invalid config: mesh.data/fsdp/tensor = {tuple(sizes)}: each must be a "
-                     "positive integer, and at most one may be -1 (the remaining devices).")
+    raise ValueError(
+      f"Invalid config: mesh.data/fsdp/tensor = {tuple(sizes)}: each must be a "
+      "positive integer, and at most one may be -1 (the remaining devices)."
+    )
   known = math.prod(size for size in sizes if size != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f"Invalid config: mesh {tuple(sizes)} cannot fill {num_devices} devices: "
-                       f"{num_devices} is not divisible by {known}.")
+      raise ValueError(
+        f"Invalid config: mesh {tuple(sizes)} cannot fill {num_devices} devices: "
+        f"{num_devices} is not divisible by {known}."
+      )
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"Invalid config: mesh.data × mesh.fsdp × mesh.tensor = "
-                     f"{' × '.join(map(str, sizes))} = {math.prod(sizes)}, but there are "
-                     f"{num_devices} devices; set one of them to -1 to use the rest.")
+    raise ValueError(
+      f"Invalid config: mesh.data × mesh.fsdp × mesh.tensor = "
+      f"{' × '.join(map(str, sizes))} = {math.prod(sizes)}, but there are "
+      f"{num_devices} devices; set one of them to -1 to use the rest."
+    )
   return tuple(sizes)
 
 
@@ -97,7 +102,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
 @contextlib.contextmanager
 def activation_rules(mesh: Mesh):
   """Inside a traced function: the model's activation constraints take effect on `mesh`."""
-  with nn.logical_axis_rules(LOGICAL_AXIS_RULES), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+  with (
+    nn.logical_axis_rules(LOGICAL_AXIS_RULES),
+    jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+  ):
     yield
 
 
@@ -107,12 +115,16 @@ def process_batch_shard(mesh: Mesh, num_rows: int) -> tuple[int, int]:
   "tensor" hold the same rows."""
   indices = batch_sharding(mesh).addressable_devices_indices_map((num_rows,))
   starts = sorted({index[0].start or 0 for index in indices.values()})
-  stops = sorted({num_rows if index[0].stop is None else index[0].stop for index in indices.values()})
+  stops = sorted(
+    {num_rows if index[0].stop is None else index[0].stop for index in indices.values()}
+  )
   start, stop = starts[0], stops[-1]
   size = stop - start
   if num_rows % size or start % size or sum(b - a for a, b in zip(starts, stops)) != size:
-    raise ValueError(f"The mesh gives this process rows that are not one contiguous block of a "
-                     f"{num_rows}-row batch: {sorted(zip(starts, stops))}.")
+    raise ValueError(
+      f"The mesh gives this process rows that are not one contiguous block of a "
+      f"{num_rows}-row batch: {sorted(zip(starts, stops))}."
+    )
   return start // size, num_rows // size
 
 
@@ -125,19 +137,22 @@ def device_batch(batch: dict, mesh: Mesh) -> dict:
   def to_global(rows):
     rows = np.asarray(rows)
     return jax.make_array_from_process_local_data(
-        sharding, rows, (rows.shape[0] * count,) + rows.shape[1:])
+      sharding, rows, (rows.shape[0] * count,) + rows.shape[1:]
+    )
 
   return jax.tree.map(to_global, batch)
 
 
 def to_host(tree: Any) -> Any:
   """numpy copies of a pytree of (possibly multi-process) jax arrays, on every process."""
+
   def fetch(x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
       return np.asarray(x)
     if x.is_fully_replicated:
       return np.asarray(x.addressable_data(0))
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
   return jax.tree.map(fetch, tree)
 
 

@@ -32,6 +32,7 @@ from md4jax.data.tokenizer import TOKENIZER_FILE
 @dataclasses.dataclass(frozen=True)
 class Workdir:
   """Paths inside one run's working directory."""
+
   root: pathlib.Path
 
   def __init__(self, root):
@@ -126,16 +127,23 @@ class Lock:
 
   def __init__(self, workdir, mode: str, log=print):
     self.workdir, self.mode, self.log = as_workdir(workdir), mode, log
-    self.record = {"host": socket.gethostname(), "pid": os.getpid(), "mode": mode,
-                   "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+    self.record = {
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "mode": mode,
+      "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+      "command": " ".join(sys.argv),
+    }
 
   def __enter__(self) -> "Lock":
     path = self.workdir.lock
     try:
       self.workdir.root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-      raise WorkdirError(f"Cannot create the workdir {self.workdir}: {e.strerror or e}. "
-                         "Choose a --workdir on a writable disk.") from None
+      raise WorkdirError(
+        f"Cannot create the workdir {self.workdir}: {e.strerror or e}. "
+        "Choose a --workdir on a writable disk."
+      ) from None
     for _ in range(3):
       try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -143,8 +151,10 @@ class Lock:
         self._take_over_if_stale(path)
         continue
       except OSError as e:
-        raise WorkdirError(f"Cannot write in the workdir {self.workdir}: {e.strerror or e}. "
-                           "Choose a --workdir on a writable disk.") from None
+        raise WorkdirError(
+          f"Cannot write in the workdir {self.workdir}: {e.strerror or e}. "
+          "Choose a --workdir on a writable disk."
+        ) from None
       with os.fdopen(fd, "w") as f:
         f.write(json.dumps(self.record) + "\n")
       return self
@@ -157,19 +167,26 @@ class Lock:
       holder = _read_holder(path)
     if holder is not None and _alive(holder):
       raise WorkdirError(
-          f"The workdir {self.workdir} is in use: a {holder.get('mode', '?')} run holds {path}, "
-          f"PID {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}. "
-          "Wait for it to end, or use another --workdir; if that process is gone for sure, "
-          f"delete {path}.")
-    who = (f"PID {holder.get('pid')} on {holder.get('host')}, which no longer runs"
-           if holder else "an unreadable lock")
+        f"The workdir {self.workdir} is in use: a {holder.get('mode', '?')} run holds {path}, "
+        f"PID {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}. "
+        "Wait for it to end, or use another --workdir; if that process is gone for sure, "
+        f"delete {path}."
+      )
+    who = (
+      f"PID {holder.get('pid')} on {holder.get('host')}, which no longer runs"
+      if holder
+      else "an unreadable lock"
+    )
     self.log(f"Taking over {path}: it was left by {who}.")
     path.unlink(missing_ok=True)
 
   def __exit__(self, *exc_info):
     holder = _read_holder(self.workdir.lock)
-    if holder is not None and holder.get("pid") == self.record["pid"] and \
-        holder.get("host") == self.record["host"]:
+    if (
+      holder is not None
+      and holder.get("pid") == self.record["pid"]
+      and holder.get("host") == self.record["host"]
+    ):
       self.workdir.lock.unlink(missing_ok=True)
 
 

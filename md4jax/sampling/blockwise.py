@@ -11,10 +11,20 @@ from md4jax.sampling import samplers
 Array = jax.Array
 
 
-def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, total_length: int,
-                                 context_length: int, block_length: int, schedule, mask_id: int,
-                                 prompt: Optional[Array] = None, eos_id: Optional[int] = None,
-                                 **sample_kwargs):
+def generate_semi_autoregressive(
+  key: Array,
+  denoise_fn,
+  *,
+  batch_size: int,
+  total_length: int,
+  context_length: int,
+  block_length: int,
+  schedule,
+  mask_id: int,
+  prompt: Optional[Array] = None,
+  eos_id: Optional[int] = None,
+  **sample_kwargs,
+):
   """Generates past the model's context, MDLM style, block by block.
 
   The first window of `context_length` tokens is sampled from all-mask (with
@@ -29,7 +39,9 @@ def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, tot
     info["num_blocks"] and info["lengths"] [B] (up to and including the first EOS).
   """
   if not 0 < block_length <= context_length:
-    raise ValueError(f"Need 0 < block_length <= context_length, got {block_length}, {context_length}.")
+    raise ValueError(
+      f"Need 0 < block_length <= context_length, got {block_length}, {context_length}."
+    )
   if total_length < 1:
     raise ValueError(f"total_length must be >= 1, got {total_length}.")
   window = min(context_length, total_length)
@@ -37,12 +49,23 @@ def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, tot
   if prompt is not None:
     prefix = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, jnp.shape(prompt)[-1]))
     if prefix.shape[1] > window:
-      raise ValueError(f"The prompt ({prefix.shape[1]} tokens) is longer than the window ({window}).")
+      raise ValueError(
+        f"The prompt ({prefix.shape[1]} tokens) is longer than the window ({window})."
+      )
 
   @jax.jit
   def sample_window(window_key, given, given_mask):
-    return samplers.sample(window_key, denoise_fn, batch_size=batch_size, length=window, schedule=schedule,
-                  mask_id=mask_id, prompt=given, prompt_mask=given_mask, **sample_kwargs)
+    return samplers.sample(
+      window_key,
+      denoise_fn,
+      batch_size=batch_size,
+      length=window,
+      schedule=schedule,
+      mask_id=mask_id,
+      prompt=given,
+      prompt_mask=given_mask,
+      **sample_kwargs,
+    )
 
   def clamped(known):  # Window with `known` as its prefix and masks after it.
     pad = window - known.shape[1]
@@ -57,7 +80,9 @@ def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, tot
   while tokens.shape[1] < total_length:
     if eos_id is not None and bool(jnp.all(jnp.any(tokens == eos_id, axis=1))):
       break
-    new, info = sample_window(jax.random.fold_in(key, num_blocks), *clamped(tokens[:, tokens.shape[1] - keep:]))
+    new, info = sample_window(
+      jax.random.fold_in(key, num_blocks), *clamped(tokens[:, tokens.shape[1] - keep :])
+    )
     samplers.check_logits(info, method)
     tokens = jnp.concatenate([tokens, new[:, keep:]], axis=1)
     nfe, num_blocks = nfe + int(info["nfe"]), num_blocks + 1
@@ -68,5 +93,7 @@ def generate_semi_autoregressive(key: Array, denoise_fn, *, batch_size: int, tot
     lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, lengths)
     tokens = jnp.where(jnp.arange(tokens.shape[1]) >= lengths[:, None], eos_id, tokens)
     if tokens.shape[1] < total_length:  # Stopped early: pad with EOS.
-      tokens = jnp.pad(tokens, ((0, 0), (0, total_length - tokens.shape[1])), constant_values=eos_id)
+      tokens = jnp.pad(
+        tokens, ((0, 0), (0, total_length - tokens.shape[1])), constant_values=eos_id
+      )
   return tokens, {"nfe": nfe, "num_blocks": num_blocks, "lengths": lengths}

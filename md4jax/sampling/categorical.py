@@ -21,11 +21,13 @@ NOISE_KINDS = ("float64", "float32")
 def _accurate_exponential(key: Array, shape) -> Array:
   """Exponential(1) variates, accurate to float32 relative precision down to 2^-64."""
   high, low = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
-  two_to_minus_32 = 2.0 ** -32
+  two_to_minus_32 = 2.0**-32
   # v = 1 − U is uniform on (0, 1] with 64 random bits; it is stored in float32,
   # whose relative precision is what matters, since E = −log1p(−v) ≈ v for small v.
-  v = (high.astype(jnp.float32) + (low.astype(jnp.float32) + 0.5) * two_to_minus_32) * two_to_minus_32
-  v = jnp.minimum(v, 1.0 - 2.0 ** -24)  # Rounding may reach 1.0; keep E finite.
+  v = (
+    high.astype(jnp.float32) + (low.astype(jnp.float32) + 0.5) * two_to_minus_32
+  ) * two_to_minus_32
+  v = jnp.minimum(v, 1.0 - 2.0**-24)  # Rounding may reach 1.0; keep E finite.
   return -jnp.log1p(-v)
 
 
@@ -38,8 +40,13 @@ def gumbel(key: Array, shape, noise: str = "float64") -> Array:
   raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(NOISE_KINDS)}.")
 
 
-def filter_logits(logits: Array, *, temperature: float = 1.0, top_k: Optional[int] = None,
-                  top_p: Optional[float] = None) -> Array:
+def filter_logits(
+  logits: Array,
+  *,
+  temperature: float = 1.0,
+  top_k: Optional[int] = None,
+  top_p: Optional[float] = None,
+) -> Array:
   """Applies temperature, then top-k, then top-p (nucleus) filtering; removed entries get −inf."""
   if temperature < 0:
     raise ValueError(f"temperature must be >= 0, got {temperature}.")
@@ -64,9 +71,15 @@ def filter_logits(logits: Array, *, temperature: float = 1.0, top_k: Optional[in
   return logits
 
 
-def sample_categorical(key: Array, logits: Array, *, temperature: float = 1.0,
-                       top_k: Optional[int] = None, top_p: Optional[float] = None,
-                       noise: str = "float64") -> Array:
+def sample_categorical(
+  key: Array,
+  logits: Array,
+  *,
+  temperature: float = 1.0,
+  top_k: Optional[int] = None,
+  top_p: Optional[float] = None,
+  noise: str = "float64",
+) -> Array:
   """Draws one id per row of logits [..., V] -> [...] int32; temperature 0 is greedy."""
   logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
   if temperature == 0:

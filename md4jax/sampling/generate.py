@@ -18,16 +18,25 @@ import numpy as np
 
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
-from md4jax.sampling import blockwise
-from md4jax.sampling import categorical
-from md4jax.sampling import samplers
+from md4jax.sampling import blockwise, categorical, samplers
 from md4jax.sampling import trajectory as trajectory_lib
 from md4jax.training import objective
 
 
-def ar_sample(key, model, params, *, batch_size: int, length: int, bos_id: int,
-              temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
-              prompt: Optional[jax.Array] = None, prompt_mask: Optional[jax.Array] = None) -> jax.Array:
+def ar_sample(
+  key,
+  model,
+  params,
+  *,
+  batch_size: int,
+  length: int,
+  bos_id: int,
+  temperature: float,
+  top_k: Optional[int] = None,
+  top_p: Optional[float] = None,
+  prompt: Optional[jax.Array] = None,
+  prompt_mask: Optional[jax.Array] = None,
+) -> jax.Array:
   """Token-by-token sampling from a causal model into a fixed buffer, [B, length] int32.
 
   Each step reruns the model on the whole buffer (no KV cache): simple and
@@ -39,8 +48,9 @@ def ar_sample(key, model, params, *, batch_size: int, length: int, bos_id: int,
   def step(i, buffer):
     logits = model.apply({"params": params}, buffer[:, :length])
     next_logits = jax.lax.dynamic_index_in_dim(logits, i, axis=1, keepdims=False)
-    token = categorical.sample_categorical(jax.random.fold_in(key, i), next_logits,
-                                           temperature=temperature, top_k=top_k, top_p=top_p)
+    token = categorical.sample_categorical(
+      jax.random.fold_in(key, i), next_logits, temperature=temperature, top_k=top_k, top_p=top_p
+    )
     token = jnp.where(prompt_mask[i], prompt[i], token)
     return jax.lax.dynamic_update_index_in_dim(buffer, token, i + 1, axis=1)
 
@@ -52,14 +62,25 @@ def settings(config: ml_collections.ConfigDict) -> dict:
   """The sampler settings, as recorded next to every sample."""
   cfg = config.sample
   return {
-      "method": "ar" if config.model.type == "ar" else cfg.method,
-      "num_steps": cfg.num_steps, "temperature": cfg.temperature,
-      "threshold": cfg.threshold if cfg.method == "threshold" else None,
-      **({"remask": cfg.remask, "remask_eta": cfg.remask_eta, "remask_loop": cfg.remask_loop,
-          "remask_loop_alpha": cfg.remask_loop_alpha} if cfg.method == "remdm" else {}),
-      "guidance_scale": cfg.guidance_scale,
-      "top_k": cfg.top_k or None, "top_p": cfg.top_p if cfg.top_p < 1.0 else None,
-      "length": cfg.length or config.data.seq_len, "prompt": cfg.prompt,
+    "method": "ar" if config.model.type == "ar" else cfg.method,
+    "num_steps": cfg.num_steps,
+    "temperature": cfg.temperature,
+    "threshold": cfg.threshold if cfg.method == "threshold" else None,
+    **(
+      {
+        "remask": cfg.remask,
+        "remask_eta": cfg.remask_eta,
+        "remask_loop": cfg.remask_loop,
+        "remask_loop_alpha": cfg.remask_loop_alpha,
+      }
+      if cfg.method == "remdm"
+      else {}
+    ),
+    "guidance_scale": cfg.guidance_scale,
+    "top_k": cfg.top_k or None,
+    "top_p": cfg.top_p if cfg.top_p < 1.0 else None,
+    "length": cfg.length or config.data.seq_len,
+    "prompt": cfg.prompt,
   }
 
 
@@ -74,9 +95,11 @@ def encode_prompt(config: ml_collections.ConfigDict, source) -> np.ndarray:
   except ValueError as e:
     raise ValueError(f"sample.prompt={prompt!r} cannot be encoded: {e}") from None
   if len(ids) >= length:
-    raise ValueError(f"sample.prompt is {len(ids)} tokens but samples are {length} "
-                     "(sample.length, or data.seq_len when 0): nothing would be generated; "
-                     "shorten the prompt or raise sample.length.")
+    raise ValueError(
+      f"sample.prompt is {len(ids)} tokens but samples are {length} "
+      "(sample.length, or data.seq_len when 0): nothing would be generated; "
+      "shorten the prompt or raise sample.length."
+    )
   return ids
 
 
@@ -88,68 +111,127 @@ def _timed(fn, *args):
   return sharding.to_host(outputs), time.perf_counter() - start
 
 
-def generate(config: ml_collections.ConfigDict, model, params, source, key, *,
-             record_trajectory: bool = False):
+def generate(
+  config: ml_collections.ConfigDict, model, params, source, key, *, record_trajectory: bool = False
+):
   """Samples config.sample.num_samples sequences: (tokens [n, length], nfe, seconds, trajectory)."""
   cfg, run = config.sample, settings(config)
   vocab_size, seq_len, length = config.data.vocab_size, config.data.seq_len, run["length"]
   prompt_ids = encode_prompt(config, source)
   # Host arrays: with params spread over several processes, jit places them on every device.
   prompt = np.zeros((length,), np.int32)
-  prompt[:len(prompt_ids)] = prompt_ids
+  prompt[: len(prompt_ids)] = prompt_ids
   prompt_mask = np.arange(length) < len(prompt_ids)
   key = np.asarray(key)
   filters = dict(temperature=cfg.temperature, top_k=run["top_k"], top_p=run["top_p"])
   if config.model.type == "ar":
-    tokens, seconds = _timed(lambda p, k, pr, pm: ar_sample(
-        k, model, p, batch_size=cfg.num_samples, length=length, bos_id=vocab_size, prompt=pr,
-        prompt_mask=pm, **filters), params, key, prompt, prompt_mask)
+    tokens, seconds = _timed(
+      lambda p, k, pr, pm: ar_sample(
+        k,
+        model,
+        p,
+        batch_size=cfg.num_samples,
+        length=length,
+        bos_id=vocab_size,
+        prompt=pr,
+        prompt_mask=pm,
+        **filters,
+      ),
+      params,
+      key,
+      prompt,
+      prompt_mask,
+    )
     return np.asarray(tokens), length, seconds, None
   # A learned schedule is read from the params (concrete here), like the network.
   schedule = objective.schedule_of(params, config)
   denoiser = lambda p: objective.sampling_denoiser(model, p, config)
-  remask = {k: run[k] for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha")
-            if k in run}
-  sample_kwargs = dict(schedule=schedule, mask_id=vocab_size, method=cfg.method,
-                       num_steps=cfg.num_steps, threshold=run["threshold"],
-                       guidance_scale=cfg.guidance_scale, **remask, **filters)
+  remask = {
+    k: run[k] for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha") if k in run
+  }
+  sample_kwargs = dict(
+    schedule=schedule,
+    mask_id=vocab_size,
+    method=cfg.method,
+    num_steps=cfg.num_steps,
+    threshold=run["threshold"],
+    guidance_scale=cfg.guidance_scale,
+    **remask,
+    **filters,
+  )
   if length > seq_len:
     start = time.perf_counter()
     tokens, info = blockwise.generate_semi_autoregressive(
-        key, denoiser(params), batch_size=cfg.num_samples, total_length=length,
-        context_length=seq_len, block_length=cfg.block_length or seq_len // 2,
-        prompt=prompt_ids, **sample_kwargs)
+      key,
+      denoiser(params),
+      batch_size=cfg.num_samples,
+      total_length=length,
+      context_length=seq_len,
+      block_length=cfg.block_length or seq_len // 2,
+      prompt=prompt_ids,
+      **sample_kwargs,
+    )
     return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
-  (tokens, info), seconds = _timed(lambda p, k, pr, pm: samplers.sample(
-      k, denoiser(p), batch_size=cfg.num_samples, length=length, prompt=pr, prompt_mask=pm,
-      record_trajectory=record_trajectory, **sample_kwargs), params, key, prompt, prompt_mask)
+  (tokens, info), seconds = _timed(
+    lambda p, k, pr, pm: samplers.sample(
+      k,
+      denoiser(p),
+      batch_size=cfg.num_samples,
+      length=length,
+      prompt=pr,
+      prompt_mask=pm,
+      record_trajectory=record_trajectory,
+      **sample_kwargs,
+    ),
+    params,
+    key,
+    prompt,
+    prompt_mask,
+  )
   samplers.check_logits(info, cfg.method)
   trajectory = info.get("trajectory")
   return np.asarray(tokens), int(info["nfe"]), seconds, trajectory
 
 
-def sample_records(tokens: np.ndarray, source, step: int, config: ml_collections.ConfigDict,
-                   nfe: int, seconds: float) -> list[dict]:
+def sample_records(
+  tokens: np.ndarray, source, step: int, config: ml_collections.ConfigDict, nfe: int, seconds: float
+) -> list[dict]:
   """One JSON-ready record per sample: tokens, text, NFE, seconds, settings, true bits/token."""
-  true_bits = source.true_bits_per_token_of(tokens) if tokens.shape[1] == config.data.seq_len else None
+  true_bits = (
+    source.true_bits_per_token_of(tokens) if tokens.shape[1] == config.data.seq_len else None
+  )
   records = []
   for i, row in enumerate(tokens):
-    record = {"step": step, "tokens": [int(t) for t in row], "text": source.decode(row),
-              "nfe": nfe, "seconds": seconds, **settings(config)}
+    record = {
+      "step": step,
+      "tokens": [int(t) for t in row],
+      "text": source.decode(row),
+      "nfe": nfe,
+      "seconds": seconds,
+      **settings(config),
+    }
     if true_bits is not None:
       record["true_bits_per_token"] = float(true_bits[i])  # −log2 p(sample) / L under the truth.
     records.append(record)
   return records
 
 
-def write_trajectory(workdir, trajectory: dict, source, *, mask_id: int, nfe: int) -> list[pathlib.Path]:
+def write_trajectory(
+  workdir, trajectory: dict, source, *, mask_id: int, nfe: int
+) -> list[pathlib.Path]:
   """trajectory.html (interactive) and trajectory.gif of the first sample, in workdir."""
   steps = min(nfe, trajectory["top_ids"].shape[0])  # first_hitting records past its last event.
-  trimmed = {"tokens": trajectory["tokens"][:steps + 1], "top_ids": trajectory["top_ids"][:steps],
-             "top_probs": trajectory["top_probs"][:steps], "alphas": trajectory["alphas"][:steps]}
+  trimmed = {
+    "tokens": trajectory["tokens"][: steps + 1],
+    "top_ids": trajectory["top_ids"][:steps],
+    "top_probs": trajectory["top_probs"][:steps],
+    "alphas": trajectory["alphas"][:steps],
+  }
   workdir = workdir_lib.as_workdir(workdir)
-  html = trajectory_lib.write_html(workdir.trajectory_html, trimmed, mask_id=mask_id,
-                                   decode=source.token_text)
-  gif = trajectory_lib.render_gif(trimmed, workdir.trajectory_gif, mask_id=mask_id,
-                                  decode=source.token_text)
+  html = trajectory_lib.write_html(
+    workdir.trajectory_html, trimmed, mask_id=mask_id, decode=source.token_text
+  )
+  gif = trajectory_lib.render_gif(
+    trimmed, workdir.trajectory_gif, mask_id=mask_id, decode=source.token_text
+  )
   return [pathlib.Path(html), pathlib.Path(gif)]

@@ -112,10 +112,10 @@ def _new_trajectory(z, num_records, vocab_size, top_k):
   batch_size, length = z.shape
   top_k = min(top_k, vocab_size)
   return {
-      "tokens": jnp.broadcast_to(z, (num_records + 1, batch_size, length)),
-      "top_ids": jnp.zeros((num_records, batch_size, length, top_k), jnp.int32),
-      "top_probs": jnp.zeros((num_records, batch_size, length, top_k), jnp.float32),
-      "alphas": jnp.zeros((num_records, batch_size), jnp.float32),
+    "tokens": jnp.broadcast_to(z, (num_records + 1, batch_size, length)),
+    "top_ids": jnp.zeros((num_records, batch_size, length, top_k), jnp.int32),
+    "top_probs": jnp.zeros((num_records, batch_size, length, top_k), jnp.float32),
+    "alphas": jnp.zeros((num_records, batch_size), jnp.float32),
   }
 
 
@@ -123,12 +123,14 @@ def _record(trajectory, index, z_after, logits, alpha):
   """Stores step `index`: the state after it and the denoiser's top candidates. No-op if None."""
   if trajectory is None:
     return None
-  top_probs, top_ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), trajectory["top_ids"].shape[-1])
+  top_probs, top_ids = jax.lax.top_k(
+    jax.nn.softmax(logits, axis=-1), trajectory["top_ids"].shape[-1]
+  )
   return {
-      "tokens": trajectory["tokens"].at[index + 1].set(z_after),
-      "top_ids": trajectory["top_ids"].at[index].set(top_ids),
-      "top_probs": trajectory["top_probs"].at[index].set(top_probs),
-      "alphas": trajectory["alphas"].at[index].set(alpha),
+    "tokens": trajectory["tokens"].at[index + 1].set(z_after),
+    "top_ids": trajectory["top_ids"].at[index].set(top_ids),
+    "top_probs": trajectory["top_probs"].at[index].set(top_probs),
+    "alphas": trajectory["alphas"].at[index].set(alpha),
   }
 
 
@@ -156,8 +158,9 @@ def _reveal_probability(schedule, grid, step):
   return jnp.where(step == 1, 1.0, (mask_t - mask_s) / mask_t)
 
 
-def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw,
-               trajectory):
+def _ancestral(
+  key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw, trajectory
+):
   grid = time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
 
@@ -166,13 +169,15 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
     step = num_steps - i  # From T down to 1.
     step_key = jax.random.fold_in(key, step)
     reveal_key, draw_key = jax.random.split(step_key)
-    reveal = (z == mask_id) & (jax.random.uniform(reveal_key, z.shape)
-                               < _reveal_probability(schedule, grid, step))
+    reveal = (z == mask_id) & (
+      jax.random.uniform(reveal_key, z.shape) < _reveal_probability(schedule, grid, step)
+    )
     any_reveal = reveal.any()
     need_call = ~cache_valid & any_reveal if cached else jnp.bool_(True)
     alpha = _alphas(schedule, grid[step], batch_size)
-    logits = jax.lax.cond(need_call, lambda: denoise_fn(z, alpha).astype(jnp.float32),
-                          lambda: logits)
+    logits = jax.lax.cond(
+      need_call, lambda: denoise_fn(z, alpha).astype(jnp.float32), lambda: logits
+    )
     first_bad = _first_bad_call(first_bad, nfe, need_call & _nonfinite_rows(logits, z, mask_id))
     z = jnp.where(reveal, draw(draw_key, logits), z)
     cache_valid = (cache_valid | need_call) & ~any_reveal
@@ -185,8 +190,9 @@ def _ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cach
   return z, nfe, first_bad, trajectory
 
 
-def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind,
-                               filtered, noise, trajectory):
+def _state_dependent_ancestral(
+  key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, filtered, noise, trajectory
+):
   grid = time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
 
@@ -201,10 +207,12 @@ def _state_dependent_ancestral(key, denoise_fn, z, schedule, mask_id, num_steps,
     stay = jnp.where((step > 1) & (mask_t > 0), mask_s / jnp.where(mask_t > 0, mask_t, 1.0), 0.0)
     probs = filtered(logits)
     outcome_probs = jnp.concatenate(
-        [probs * (1.0 - stay), jnp.sum(probs * stay, axis=-1, keepdims=True)], axis=-1)
+      [probs * (1.0 - stay), jnp.sum(probs * stay, axis=-1, keepdims=True)], axis=-1
+    )
     outcome_logits = jnp.log(jnp.maximum(outcome_probs, 0.0))
-    outcome = categorical.sample_categorical(jax.random.fold_in(key, step), outcome_logits,
-                                             noise=noise)
+    outcome = categorical.sample_categorical(
+      jax.random.fold_in(key, step), outcome_logits, noise=noise
+    )
     z = jnp.where(z == mask_id, outcome, z)  # Outcome mask_id: stays masked.
     return z, first_bad, _record(trajectory, i, z, logits, time)
 
@@ -219,8 +227,9 @@ def _remask_probability(strategy, eta, alpha_t, mask_s, weights):
   "cap" min(η, σ_max), "rescale" η σ_max, and "confidence" weights^ℓ σ_max with weights a
   softmax over the visible tokens of minus the probability each was drawn with ([B, L]).
   """
-  sigma_max = jnp.where(alpha_t > 0, jnp.minimum(1.0, mask_s / jnp.where(alpha_t > 0, alpha_t, 1.0)),
-                        1.0)
+  sigma_max = jnp.where(
+    alpha_t > 0, jnp.minimum(1.0, mask_s / jnp.where(alpha_t > 0, alpha_t, 1.0)), 1.0
+  )
   if strategy == "cap":
     return jnp.minimum(eta, sigma_max)
   if strategy == "rescale":
@@ -228,8 +237,22 @@ def _remask_probability(strategy, eta, alpha_t, mask_s, weights):
   return weights * sigma_max
 
 
-def _remdm(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, probs, strategy,
-           eta, loop_steps, loop_alpha, trajectory):
+def _remdm(
+  key,
+  denoise_fn,
+  z,
+  schedule,
+  mask_id,
+  num_steps,
+  grid_kind,
+  draw,
+  probs,
+  strategy,
+  eta,
+  loop_steps,
+  loop_alpha,
+  trajectory,
+):
   """ReMDM (Wang et al. 2025): ancestral steps in which visible tokens may be masked again.
 
   From t to s a visible token is masked with prob σ_t and a masked one revealed with prob
@@ -254,7 +277,9 @@ def _remdm(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, pr
     after_loop = (loop_steps > 0) & (i >= loop_start + loop_steps)
     step = jnp.where(after_loop, num_steps - (i - loop_steps), num_steps - i)
     step = jnp.where(in_loop, loop_after - 1, step)  # Held at α(t_{k*−1}).
-    step_key = jnp.where(in_loop, jax.random.fold_in(key, num_steps + 1 + i), jax.random.fold_in(key, step))
+    step_key = jnp.where(
+      in_loop, jax.random.fold_in(key, num_steps + 1 + i), jax.random.fold_in(key, step)
+    )
     reveal_key, draw_key = jax.random.split(step_key)
     mask_t = mask_grid[step]
     mask_s = jnp.where(in_loop, mask_t, mask_grid[step - 1])
@@ -270,8 +295,9 @@ def _remdm(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, pr
     # (confidence: σ = 0 there, as ReMDM's); 1 on the last step.
     masked_sigma = 0.0 if strategy == "confidence" else sigma
     base = jnp.where(in_loop, 0.0, _reveal_probability(schedule, grid, step))
-    reveal_prob = jnp.where((step == 1) & ~in_loop, 1.0,
-                            base + masked_sigma * alpha_t / jnp.maximum(mask_t, 1e-30))
+    reveal_prob = jnp.where(
+      (step == 1) & ~in_loop, 1.0, base + masked_sigma * alpha_t / jnp.maximum(mask_t, 1e-30)
+    )
     reveal = masked & (jax.random.uniform(reveal_key, z.shape) < reveal_prob)
     remask = visible & (jax.random.uniform(jax.random.fold_in(step_key, 2), z.shape) < sigma)
     alpha = _alphas(schedule, grid[step], batch_size)
@@ -327,8 +353,11 @@ def _jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, tra
     target = mask_grid[step] * u ** (1.0 / jnp.maximum(n, 1))
     # Finished rows (step 0) keep event 1: nothing of theirs is masked, nothing changes.
     event = jnp.clip(jnp.searchsorted(mask_grid, target, side="left"), 1, jnp.maximum(step, 1))
-    reveal_prob = jnp.where(event == 1, 1.0, (mask_grid[event] - mask_grid[event - 1])
-                            / jnp.maximum(mask_grid[event], 1e-30))
+    reveal_prob = jnp.where(
+      event == 1,
+      1.0,
+      (mask_grid[event] - mask_grid[event - 1]) / jnp.maximum(mask_grid[event], 1e-30),
+    )
     reveal = _reveal_at_least_one(reveal_key, masked, reveal_prob)
     alpha = schedule.alpha(grid[event]).astype(jnp.float32)
     logits = denoise_fn(z, alpha).astype(jnp.float32)
@@ -337,8 +366,7 @@ def _jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, tra
     step = jnp.where(n > 0, event - 1, step)
     return z, step, nfe + 1, first_bad, _record(trajectory, nfe, z, logits, alpha)
 
-  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), jnp.int32(-1),
-          trajectory)
+  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), jnp.int32(-1), trajectory)
   z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
   return z, nfe, first_bad, _repeat_final(trajectory, z, nfe)
 
@@ -389,8 +417,9 @@ def _first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
     masked = z == mask_id
     num_masked = masked.sum(-1)
     u = jax.random.uniform(time_key, (batch_size,), minval=1e-12)  # Avoid λ = 0 exactly.
-    mask_rate = jnp.where(num_masked > 0, mask_rate * u ** (1.0 / jnp.maximum(num_masked, 1)),
-                          mask_rate)
+    mask_rate = jnp.where(
+      num_masked > 0, mask_rate * u ** (1.0 / jnp.maximum(num_masked, 1)), mask_rate
+    )
     # The denoiser sees z just above the hitting time, with α at that time.
     alpha = 1.0 - mask_rate
     logits = denoise_fn(z, alpha).astype(jnp.float32)
@@ -417,8 +446,19 @@ def _confidence_scores(logits, kind):
   raise ValueError(f"Unknown confidence {kind!r}; valid: {', '.join(CONFIDENCES)}.")
 
 
-def _confidence(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, filtered,
-                confidence, trajectory):
+def _confidence(
+  key,
+  denoise_fn,
+  z,
+  schedule,
+  mask_id,
+  num_steps,
+  grid_kind,
+  draw,
+  filtered,
+  confidence,
+  trajectory,
+):
   grid = time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
   initial_masked = (z == mask_id).sum(-1)
@@ -472,6 +512,7 @@ def max_calls(method: str, length: int, num_steps: Optional[int], remask_loop: i
 @dataclasses.dataclass(frozen=True)
 class _Setting:
   """Everything but the key and the prompt: static for jit, one hashable cache key."""
+
   denoise_fn: Callable
   batch_size: int
   length: int
@@ -495,12 +536,19 @@ class _Setting:
   guidance_scale: float
 
   def filtered(self, logits):
-    return categorical.filter_logits(logits, temperature=self.temperature, top_k=self.top_k,
-                                     top_p=self.top_p)
+    return categorical.filter_logits(
+      logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
+    )
 
   def draw(self, key, logits):
-    return categorical.sample_categorical(key, logits, noise=self.noise, temperature=self.temperature,
-                                          top_k=self.top_k, top_p=self.top_p)
+    return categorical.sample_categorical(
+      key,
+      logits,
+      noise=self.noise,
+      temperature=self.temperature,
+      top_k=self.top_k,
+      top_p=self.top_p,
+    )
 
   def probs(self, logits):
     if self.temperature == 0:  # Greedy: all mass on the top token.
@@ -511,21 +559,48 @@ class _Setting:
 # One signature for every sampler: (setting, key, denoise_fn, z, trajectory) ->
 # (tokens, calls, first broken call or −1, trajectory).
 _SAMPLERS = {
-    "ancestral": lambda s, key, f, z, tr: _ancestral(
-        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, False, s.draw, tr),
-    "cached": lambda s, key, f, z, tr: _ancestral(
-        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, True, s.draw, tr),
-    "jump": lambda s, key, f, z, tr: _jump(
-        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, tr),
-    "first_hitting": lambda s, key, f, z, tr: _first_hitting(key, f, z, s.mask_id, s.draw, tr),
-    "confidence": lambda s, key, f, z, tr: _confidence(
-        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, s.filtered,
-        s.confidence, tr),
-    "threshold": lambda s, key, f, z, tr: _threshold(
-        key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr),
-    "remdm": lambda s, key, f, z, tr: _remdm(
-        key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, s.probs, s.remask,
-        s.remask_eta, s.remask_loop, s.remask_loop_alpha, tr),
+  "ancestral": lambda s, key, f, z, tr: _ancestral(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, False, s.draw, tr
+  ),
+  "cached": lambda s, key, f, z, tr: _ancestral(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, True, s.draw, tr
+  ),
+  "jump": lambda s, key, f, z, tr: _jump(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, tr
+  ),
+  "first_hitting": lambda s, key, f, z, tr: _first_hitting(key, f, z, s.mask_id, s.draw, tr),
+  "confidence": lambda s, key, f, z, tr: _confidence(
+    key,
+    f,
+    z,
+    s.schedule,
+    s.mask_id,
+    s.num_steps,
+    s.time_grid_kind,
+    s.draw,
+    s.filtered,
+    s.confidence,
+    tr,
+  ),
+  "threshold": lambda s, key, f, z, tr: _threshold(
+    key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr
+  ),
+  "remdm": lambda s, key, f, z, tr: _remdm(
+    key,
+    f,
+    z,
+    s.schedule,
+    s.mask_id,
+    s.num_steps,
+    s.time_grid_kind,
+    s.draw,
+    s.probs,
+    s.remask,
+    s.remask_eta,
+    s.remask_loop,
+    s.remask_loop_alpha,
+    tr,
+  ),
 }
 assert set(_SAMPLERS) == set(METHODS)
 
@@ -533,14 +608,18 @@ assert set(_SAMPLERS) == set(METHODS)
 def _guided(denoise_fn, given, mask_id, scale):
   """Classifier-free guidance: (1 + w) log p(· | z) − w log p(· | z with the prompt masked),
   both from one call on the doubled batch. Entries the conditional rules out stay out."""
+
   def guided(z, alpha):
     batch_size = z.shape[0]
-    both = denoise_fn(jnp.concatenate([z, jnp.where(given, mask_id, z)]),
-                      jnp.concatenate([jnp.broadcast_to(alpha, (batch_size,))] * 2))
+    both = denoise_fn(
+      jnp.concatenate([z, jnp.where(given, mask_id, z)]),
+      jnp.concatenate([jnp.broadcast_to(alpha, (batch_size,))] * 2),
+    )
     cond, uncond = jnp.split(jax.nn.log_softmax(both.astype(jnp.float32), axis=-1), 2)
     floor = jnp.finfo(jnp.float32).min / 4  # Keeps (1 + w) cond − w uncond finite.
     mixed = (1.0 + scale) * cond - scale * jnp.maximum(uncond, floor)
     return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
+
   return guided
 
 
@@ -551,23 +630,34 @@ def _run(setting: _Setting, key, prompt, prompt_mask):
     denoise_fn = _guided(denoise_fn, z != setting.mask_id, setting.mask_id, setting.guidance_scale)
   trajectory = None
   if setting.record_trajectory:
-    num_records = max_calls(setting.method, setting.length, setting.num_steps,
-                            setting.remask_loop)
+    num_records = max_calls(setting.method, setting.length, setting.num_steps, setting.remask_loop)
     trajectory = _new_trajectory(z, num_records, setting.mask_id, setting.trajectory_top_k)
   if setting.schedule.state_dependent:
     tokens, nfe, first_bad, trajectory = _state_dependent_ancestral(
-        key, denoise_fn, z, setting.schedule, setting.mask_id, setting.num_steps,
-        setting.time_grid_kind, setting.probs, setting.noise, trajectory)
+      key,
+      denoise_fn,
+      z,
+      setting.schedule,
+      setting.mask_id,
+      setting.num_steps,
+      setting.time_grid_kind,
+      setting.probs,
+      setting.noise,
+      trajectory,
+    )
   else:
-    tokens, nfe, first_bad, trajectory = _SAMPLERS[setting.method](setting, key, denoise_fn, z,
-                                                                   trajectory)
+    tokens, nfe, first_bad, trajectory = _SAMPLERS[setting.method](
+      setting, key, denoise_fn, z, trajectory
+    )
   info = {"nfe": nfe, "nonfinite_call": first_bad}
   if trajectory is not None:
     info["trajectory"] = trajectory
   return tokens, info
 
 
-@functools.lru_cache(maxsize=16)  # Bounded: each entry holds its denoiser (and what it closes over).
+@functools.lru_cache(
+  maxsize=16
+)  # Bounded: each entry holds its denoiser (and what it closes over).
 def _compiled(setting: _Setting):
   return jax.jit(functools.partial(_run, setting))
 
@@ -577,8 +667,9 @@ def check_logits(info: dict, method: str):
   call = int(info["nonfinite_call"])
   if call >= 0:
     raise NonFiniteLogitsError(
-        f"sampler {method!r}: network call {call + 1} of {int(info['nfe'])} returned logits with a "
-        "NaN or +inf, or no finite value, at a masked position: no token can be drawn from them.")
+      f"sampler {method!r}: network call {call + 1} of {int(info['nfe'])} returned logits with a "
+      "NaN or +inf, or no finite value, at a masked position: no token can be drawn from them."
+    )
 
 
 def _check_prompt(prompt, prompt_mask, mask_id):
@@ -588,22 +679,44 @@ def _check_prompt(prompt, prompt_mask, mask_id):
   given = np.broadcast_to(given, np.broadcast_shapes(given.shape, ids.shape))
   ids = np.broadcast_to(ids, given.shape)
   if np.any((ids < 0) | (ids > mask_id)):
-    raise ValueError(f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
-                     f"position to fill), got ids from {ids.min()} to {ids.max()}.")
+    raise ValueError(
+      f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
+      f"position to fill), got ids from {ids.min()} to {ids.max()}."
+    )
   if np.any(given & (ids == mask_id)):
-    raise ValueError("sample: prompt_mask marks a position whose prompt id is the mask id; a given "
-                     "position must hold a clean token.")
+    raise ValueError(
+      "sample: prompt_mask marks a position whose prompt id is the mask id; a given "
+      "position must hold a clean token."
+    )
 
 
-def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, mask_id: int,
-           method: str = "ancestral", num_steps: Optional[int] = None, temperature: float = 1.0,
-           top_k: Optional[int] = None, top_p: Optional[float] = None,
-           prompt: Optional[Array] = None, prompt_mask: Optional[Array] = None,
-           time_grid_kind: str = "uniform", confidence: str = "max_prob",
-           threshold: Optional[float] = None, noise: str = "float64",
-           remask: str = "cap", remask_eta: float = 0.0, remask_loop: int = 0,
-           remask_loop_alpha: float = 0.9, guidance_scale: float = 0.0,
-           record_trajectory: bool = False, trajectory_top_k: int = 5):
+def sample(
+  key: Array,
+  denoise_fn,
+  *,
+  batch_size: int,
+  length: int,
+  schedule,
+  mask_id: int,
+  method: str = "ancestral",
+  num_steps: Optional[int] = None,
+  temperature: float = 1.0,
+  top_k: Optional[int] = None,
+  top_p: Optional[float] = None,
+  prompt: Optional[Array] = None,
+  prompt_mask: Optional[Array] = None,
+  time_grid_kind: str = "uniform",
+  confidence: str = "max_prob",
+  threshold: Optional[float] = None,
+  noise: str = "float64",
+  remask: str = "cap",
+  remask_eta: float = 0.0,
+  remask_loop: int = 0,
+  remask_loop_alpha: float = 0.9,
+  guidance_scale: float = 0.0,
+  record_trajectory: bool = False,
+  trajectory_top_k: int = 5,
+):
   """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
 
   Called with concrete arrays, it runs a compiled program cached by the denoiser (the same
@@ -641,14 +754,19 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   if method not in METHODS:
     raise ValueError(f"Unknown sampling method {method!r}; valid: {', '.join(METHODS)}.")
   if schedule.state_dependent and method != "ancestral":
-    raise ValueError(f"The state-dependent schedule {schedule.name!r} samples with "
-                     f"method='ancestral' only, got {method!r}.")
+    raise ValueError(
+      f"The state-dependent schedule {schedule.name!r} samples with "
+      f"method='ancestral' only, got {method!r}."
+    )
   if method not in ("first_hitting", "threshold") and (num_steps is None or num_steps < 1):
     raise ValueError(f"method={method!r} needs num_steps >= 1, got {num_steps!r}.")
   if (method == "threshold") != (threshold is not None) or (
-      threshold is not None and not 0 <= threshold <= 1):
-    raise ValueError("method='threshold' needs a threshold in [0, 1], and only it takes one; got "
-                     f"method={method!r}, threshold={threshold!r}.")
+    threshold is not None and not 0 <= threshold <= 1
+  ):
+    raise ValueError(
+      "method='threshold' needs a threshold in [0, 1], and only it takes one; got "
+      f"method={method!r}, threshold={threshold!r}."
+    )
   if noise not in categorical.NOISE_KINDS:
     raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(categorical.NOISE_KINDS)}.")
   if time_grid_kind not in TIME_GRIDS:
@@ -656,25 +774,50 @@ def sample(key: Array, denoise_fn, *, batch_size: int, length: int, schedule, ma
   if confidence not in CONFIDENCES:
     raise ValueError(f"Unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}.")
   if guidance_scale != 0 and prompt is None:
-    raise ValueError("sample: guidance_scale needs a prompt: guidance contrasts the prompt with "
-                     "the prompt masked.")
+    raise ValueError(
+      "sample: guidance_scale needs a prompt: guidance contrasts the prompt with the prompt masked."
+    )
   if not guidance_scale >= 0:
     raise ValueError(f"sample: guidance_scale must be >= 0, got {guidance_scale}.")
   if remask not in REMASKS:
     raise ValueError(f"Unknown remask strategy {remask!r}; valid: {', '.join(REMASKS)}.")
   if not 0 <= remask_eta <= 1 or remask_loop < 0 or not 0 < remask_loop_alpha < 1:
-    raise ValueError("remdm needs 0 <= remask_eta <= 1, remask_loop >= 0 and 0 < remask_loop_alpha "
-                     f"< 1; got {remask_eta}, {remask_loop}, {remask_loop_alpha}.")
+    raise ValueError(
+      "remdm needs 0 <= remask_eta <= 1, remask_loop >= 0 and 0 < remask_loop_alpha "
+      f"< 1; got {remask_eta}, {remask_loop}, {remask_loop_alpha}."
+    )
   categorical.filter_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k, top_p=top_p)
   for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
     if given is not None:
       chex.assert_rank(given, {1, 2}, custom_message=f"sample: {name} must be [L] or [B, L]")
-      chex.assert_shape(given, (batch_size, length)[-jnp.ndim(given):],
-                        custom_message=f"sample: {name} must be [length] or [batch_size, length]")
-  setting = _Setting(denoise_fn, batch_size, length, schedule, mask_id, method, num_steps,
-                     temperature, top_k, top_p, time_grid_kind, confidence, threshold, noise,
-                     record_trajectory, trajectory_top_k, remask, float(remask_eta),
-                     int(remask_loop), float(remask_loop_alpha), float(guidance_scale))
+      chex.assert_shape(
+        given,
+        (batch_size, length)[-jnp.ndim(given) :],
+        custom_message=f"sample: {name} must be [length] or [batch_size, length]",
+      )
+  setting = _Setting(
+    denoise_fn,
+    batch_size,
+    length,
+    schedule,
+    mask_id,
+    method,
+    num_steps,
+    temperature,
+    top_k,
+    top_p,
+    time_grid_kind,
+    confidence,
+    threshold,
+    noise,
+    record_trajectory,
+    trajectory_top_k,
+    remask,
+    float(remask_eta),
+    int(remask_loop),
+    float(remask_loop_alpha),
+    float(guidance_scale),
+  )
   traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask)))
   if traced:
     return _run(setting, key, prompt, prompt_mask)

@@ -38,8 +38,10 @@ def _validate(trajectory, sample_index):
     raise ValueError("tokens must hold at least the initial state (S + 1 >= 1)")
   num_steps, batch, length = tokens.shape[0] - 1, tokens.shape[1], tokens.shape[2]
   if top_ids.ndim != 4 or top_ids.shape[:3] != (num_steps, batch, length):
-    raise ValueError(f"top_ids must have shape [S, B, L, K] = [{num_steps}, {batch}, {length}, K] "
-                     f"to match tokens {tokens.shape}, got {top_ids.shape}")
+    raise ValueError(
+      f"top_ids must have shape [S, B, L, K] = [{num_steps}, {batch}, {length}, K] "
+      f"to match tokens {tokens.shape}, got {top_ids.shape}"
+    )
   if not np.issubdtype(top_ids.dtype, np.integer):
     raise ValueError(f"top_ids must be integers, got dtype {top_ids.dtype}")
   if top_probs.shape != top_ids.shape:
@@ -50,8 +52,10 @@ def _validate(trajectory, sample_index):
   if alphas is not None:
     alphas = np.asarray(alphas, np.float64)
     if alphas.shape not in ((num_steps,), (num_steps, batch)):
-      raise ValueError(f"alphas must have shape [S] = [{num_steps}] or [S, B] = [{num_steps}, {batch}], "
-                       f"got {alphas.shape}")
+      raise ValueError(
+        f"alphas must have shape [S] = [{num_steps}] or [S, B] = [{num_steps}, {batch}], "
+        f"got {alphas.shape}"
+      )
     if not np.all(np.isfinite(alphas)):
       raise ValueError("alphas must be finite (NaN/inf found)")
   if not (isinstance(sample_index, (int, np.integer)) and 0 <= sample_index < batch):
@@ -72,16 +76,16 @@ def _data(trajectory, mask_id, decode, sample_index, title):
   ids = np.unique(np.concatenate([tokens.ravel(), top_ids.ravel()]))
   vocab = {str(int(i)): str(decode(int(i))) for i in ids if int(i) != mask_id}
   return {
-      "title": title,
-      "mask_id": int(mask_id),
-      "steps": int(tokens.shape[0] - 1),
-      "length": int(tokens.shape[1]),
-      "tokens": tokens.astype(np.int64).tolist(),
-      "top_ids": top_ids.astype(np.int64).tolist(),
-      # 6 decimals keep the page small; a tooltip shows 3 at most.
-      "top_probs": np.round(top_probs.astype(np.float64), 6).tolist(),
-      "alphas": None if alphas is None else [float(a) for a in alphas],
-      "vocab": vocab,
+    "title": title,
+    "mask_id": int(mask_id),
+    "steps": int(tokens.shape[0] - 1),
+    "length": int(tokens.shape[1]),
+    "tokens": tokens.astype(np.int64).tolist(),
+    "top_ids": top_ids.astype(np.int64).tolist(),
+    # 6 decimals keep the page small; a tooltip shows 3 at most.
+    "top_probs": np.round(top_probs.astype(np.float64), 6).tolist(),
+    "alphas": None if alphas is None else [float(a) for a in alphas],
+    "vocab": vocab,
   }
 
 
@@ -191,7 +195,7 @@ def render_html(trajectory, *, mask_id, decode, sample_index=0, title="md4jax sa
 <button id="prev" type="button">prev</button>
 <button id="play" type="button">play</button>
 <button id="next" type="button">next</button>
-<input type="range" id="step" min="0" max="{data['steps']}" step="1" value="{data['steps']}">
+<input type="range" id="step" min="0" max="{data["steps"]}" step="1" value="{data["steps"]}">
 </div>
 <div id="info"></div>
 <div class="legend"><span class="tok mask">[MASK]</span><span class="tok new">revealed at this step</span><span class="tok">revealed earlier</span></div>
@@ -224,7 +228,7 @@ def _frame_steps(num_steps, max_frames):
 def _cell_text(text, max_chars):
   """Whitespace made visible with characters the default font has, truncated to fit a cell."""
   text = text.replace(" ", "\u00b7").replace("\n", "\\n").replace("\t", "\\t") or "''"
-  return text if len(text) <= max_chars else text[:max_chars - 1] + "~"
+  return text if len(text) <= max_chars else text[: max_chars - 1] + "~"
 
 
 def render_gif(trajectory, path, *, mask_id, decode, sample_index=0, frame_ms=300, max_frames=60):
@@ -240,14 +244,19 @@ def render_gif(trajectory, path, *, mask_id, decode, sample_index=0, frame_ms=30
   tokens, _, _, alphas = _validate(trajectory, sample_index)
   # Only GIFs need Pillow, so it is imported here, after the inputs are known to be good.
   from PIL import Image, ImageDraw, ImageFont  # pylint: disable=g-import-not-at-top
+
   num_steps, length = tokens.shape[0] - 1, tokens.shape[1]
   steps = _frame_steps(num_steps, max_frames)
   try:  # Pillow >= 10.1 with FreeType scales its default font; the 10 px default is hard to read.
     font = ImageFont.load_default(size=14)
   except TypeError:
     font = ImageFont.load_default()
-  texts = {int(i): _cell_text(str(decode(int(i))), 12) for i in np.unique(tokens) if int(i) != mask_id}
-  if not isinstance(font, ImageFont.FreeTypeFont):  # Pillow without FreeType: a Latin-1 bitmap font.
+  texts = {
+    int(i): _cell_text(str(decode(int(i))), 12) for i in np.unique(tokens) if int(i) != mask_id
+  }
+  if not isinstance(
+    font, ImageFont.FreeTypeFont
+  ):  # Pillow without FreeType: a Latin-1 bitmap font.
     texts = {i: t.encode("latin-1", "replace").decode("latin-1") for i, t in texts.items()}
   probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
   _, top, _, bottom = probe.textbbox((0, 0), "Mg[", font=font)
@@ -268,8 +277,12 @@ def render_gif(trajectory, path, *, mask_id, decode, sample_index=0, frame_ms=30
     draw = ImageDraw.Draw(img)
     alpha = f"{alphas[step - 1]:.3f}" if alphas is not None and step > 0 else "-"
     masks = int((row == mask_id).sum())
-    draw.text((margin, margin), f"step {step}/{num_steps}   alpha = {alpha}   masks {masks}/{length}",
-              font=font, fill="black")
+    draw.text(
+      (margin, margin),
+      f"step {step}/{num_steps}   alpha = {alpha}   masks {masks}/{length}",
+      font=font,
+      fill="black",
+    )
     for pos in range(length):
       x = margin + (pos % cols) * (cell_w + gap)
       y = margin + header_h + (pos // cols) * (cell_h + gap)
@@ -283,10 +296,18 @@ def render_gif(trajectory, path, *, mask_id, decode, sample_index=0, frame_ms=30
     prev_step = step
 
   # Octree quantization: ~4x faster than Pillow's default (median cut) on save.
-  frames = [frame.quantize(method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
-            for frame in frames]
+  frames = [
+    frame.quantize(method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE) for frame in frames
+  ]
   # The last frame lingers so the finished sample is readable before the loop restarts.
   durations = [frame_ms] * (len(frames) - 1) + [frame_ms * 4]
-  frames[0].save(path, format="GIF", save_all=True, append_images=frames[1:], duration=durations,
-                 loop=0, disposal=1)
+  frames[0].save(
+    path,
+    format="GIF",
+    save_all=True,
+    append_images=frames[1:],
+    duration=durations,
+    loop=0,
+    disposal=1,
+  )
   return path

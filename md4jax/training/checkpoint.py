@@ -19,9 +19,9 @@ import pathlib
 from typing import Any, Callable, Optional
 
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from md4jax.runtime import workdir as workdir_lib
 
@@ -38,25 +38,40 @@ class Restored:
   step: int
   state: Any
   data_state: dict  # The data iterator's state.
-  loop_state: dict  # {"window": the training loop's metrics since its last log ([] for older checkpoints)}.
+  loop_state: (
+    dict  # {"window": the training loop's metrics since its last log ([] for older checkpoints)}.
+  )
 
 
 def make_manager(workdir, max_to_keep: int) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=True,
-                                         create=True)
-  return ocp.CheckpointManager(workdir_lib.as_workdir(workdir).checkpoints.absolute(), options=options,
-                               item_names=ITEMS)
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+  )
+  return ocp.CheckpointManager(
+    workdir_lib.as_workdir(workdir).checkpoints.absolute(), options=options, item_names=ITEMS
+  )
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, data_state: dict,
-         config: ml_collections.ConfigDict, loop_state: Optional[dict] = None):
+def save(
+  manager: ocp.CheckpointManager,
+  step: int,
+  state: Any,
+  data_state: dict,
+  config: ml_collections.ConfigDict,
+  loop_state: Optional[dict] = None,
+):
   """Starts an asynchronous save at `step`; raises CheckpointError if an earlier save failed."""
   try:
-    manager.save(step, force=True, args=ocp.args.Composite(
+    manager.save(
+      step,
+      force=True,
+      args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
         loop=ocp.args.JsonSave(loop_state or {}),
-        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()))))
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())),
+      ),
+    )
   except Exception as e:  # pylint: disable=broad-except  (orbax wraps the OSError)
     raise _write_error(manager, step, e) from e
 
@@ -75,10 +90,16 @@ def _write_error(manager, step: Optional[int], error: Exception) -> CheckpointEr
   kept = [s for s in manager.all_steps() if step is None or s != step]
   where = f"of step {step} " if step is not None else ""
   return CheckpointError(
-      f"Saving the checkpoint {where}in {manager.directory} failed: "
-      f"{'the disk is full' if full else _reason(error)}. "
-      + (f"The checkpoint of step {max(kept)} is intact: " if kept else "No earlier checkpoint exists: ")
-      + ("free some space and " if full else "") + "rerun the same command to resume.")
+    f"Saving the checkpoint {where}in {manager.directory} failed: "
+    f"{'the disk is full' if full else _reason(error)}. "
+    + (
+      f"The checkpoint of step {max(kept)} is intact: "
+      if kept
+      else "No earlier checkpoint exists: "
+    )
+    + ("free some space and " if full else "")
+    + "rerun the same command to resume."
+  )
 
 
 def _is_disk_full(error: BaseException) -> bool:
@@ -123,8 +144,9 @@ def unfinished_folders(manager: ocp.CheckpointManager) -> list[pathlib.Path]:
   return sorted(p for p in pathlib.Path(manager.directory).glob("*.orbax-checkpoint-tmp*"))
 
 
-def restore(manager: ocp.CheckpointManager, abstract_state: Any,
-            log: Callable[[str], None] = print) -> Optional[Restored]:
+def restore(
+  manager: ocp.CheckpointManager, abstract_state: Any, log: Callable[[str], None] = print
+) -> Optional[Restored]:
   """The newest checkpoint that reads back, onto the shardings of `abstract_state` (a pytree of
   jax.ShapeDtypeStruct); None if there is no checkpoint.
 
@@ -142,15 +164,19 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any,
       restored = _restore_step(manager, step, abstract_state)
     except Exception as e:  # pylint: disable=broad-except  (any unreadable file: try an older one)
       failures.append((step, _reason(e)))
-      log(f"Checkpoint {step_dir(manager, step)} cannot be read ({_reason(e)}); trying an older one.")
+      log(
+        f"Checkpoint {step_dir(manager, step)} cannot be read ({_reason(e)}); trying an older one."
+      )
       continue
     if failures:
       _move_aside(manager, [bad for bad, _ in failures], log)
     return restored
   if failures:
     listing = "; ".join(f"step {step}: {reason}" for step, reason in failures)
-    raise CheckpointError(f"No checkpoint in {manager.directory} can be read ({listing}). Nothing was "
-                          "deleted or moved; restore a copy, or use a new --workdir to start over.")
+    raise CheckpointError(
+      f"No checkpoint in {manager.directory} can be read ({listing}). Nothing was "
+      "deleted or moved; restore a copy, or use a new --workdir to start over."
+    )
   return None
 
 
@@ -163,14 +189,19 @@ def _restore_step(manager, step: int, abstract_state) -> Restored:
   state = restored["state"]
   # A truncated array file can restore without an error but with missing chunks: check shapes.
   jax.tree.map(lambda x, a: _check_shape(x, a, step), state, abstract_state)
-  loop_state = {"window": [], **(restored["loop"] if has_loop else {})}  # Older checkpoints: no window.
+  loop_state = {
+    "window": [],
+    **(restored["loop"] if has_loop else {}),
+  }  # Older checkpoints: no window.
   return Restored(step, state, restored["data"], loop_state)
 
 
 def _check_shape(value, abstract, step):
   if value.shape != abstract.shape or value.dtype != abstract.dtype:
-    raise ValueError(f"step {step} holds an array {value.shape} {value.dtype} where "
-                     f"{abstract.shape} {abstract.dtype} was expected")
+    raise ValueError(
+      f"step {step} holds an array {value.shape} {value.dtype} where "
+      f"{abstract.shape} {abstract.dtype} was expected"
+    )
 
 
 def _move_aside(manager, steps: list[int], log):
@@ -179,8 +210,10 @@ def _move_aside(manager, steps: list[int], log):
     target = source.with_name(source.name + UNREADABLE_SUFFIX)
     if jax.process_index() == 0:
       source.rename(target)
-    log(f"Moved the unreadable checkpoint {source} to {target} so that step {step} can be saved "
-        "again; look at it, then delete it.")
+    log(
+      f"Moved the unreadable checkpoint {source} to {target} so that step {step} can be saved "
+      "again; look at it, then delete it."
+    )
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("md4jax: unreadable checkpoints moved aside")
   manager.reload()

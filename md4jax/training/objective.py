@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from md4jax.diffusion import bounds
-from md4jax.diffusion import schedules
+from md4jax.diffusion import bounds, schedules
 
 
 def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
@@ -32,7 +31,9 @@ def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
   return jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
 
 
-SCHEDULE_PARAMS = "masking_schedule"  # Top-level params entry of a learned schedule: {"theta": [V] or [1]}.
+SCHEDULE_PARAMS = (
+  "masking_schedule"  # Top-level params entry of a learned schedule: {"theta": [V] or [1]}.
+)
 
 
 def is_learned(config: ml_collections.ConfigDict) -> bool:
@@ -87,10 +88,20 @@ def sampling_denoiser(model, params, config: ml_collections.ConfigDict):
   return lambda z, time: model.apply({"params": network}, z, to_time(time))
 
 
-def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
-                  estimator: str, t_sampling: str, num_steps: Optional[int] = None,
-                  row_index: Optional[jax.Array] = None, num_rows: Optional[int] = None,
-                  draws: Optional[dict] = None) -> jax.Array:
+def sequence_nats(
+  params,
+  batch: dict,
+  key,
+  *,
+  model,
+  config: ml_collections.ConfigDict,
+  estimator: str,
+  t_sampling: str,
+  num_steps: Optional[int] = None,
+  row_index: Optional[jax.Array] = None,
+  num_rows: Optional[int] = None,
+  draws: Optional[dict] = None,
+) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
   row_index [B] and num_rows place the rows in their global batch (default:
@@ -110,30 +121,65 @@ def sequence_nats(params, batch: dict, key, *, model, config: ml_collections.Con
       inputs = jnp.where(positions == 0, vocab_size, inputs)
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
-  return bounds.nelbo(key, denoiser(model, params, batch), tokens, schedule_of(params, config),
-                      mask_id=vocab_size, editable=editable, estimator=estimator,
-                      t_sampling=t_sampling, num_steps=num_steps, row_index=row_index,
-                      num_rows=num_rows, reconstruction_time=config.diffusion.reconstruction_time,
-                      time_input=config.model.time_input,
-                      endpoint_terms=config.diffusion.endpoint_terms, draws=draws)
+  return bounds.nelbo(
+    key,
+    denoiser(model, params, batch),
+    tokens,
+    schedule_of(params, config),
+    mask_id=vocab_size,
+    editable=editable,
+    estimator=estimator,
+    t_sampling=t_sampling,
+    num_steps=num_steps,
+    row_index=row_index,
+    num_rows=num_rows,
+    reconstruction_time=config.diffusion.reconstruction_time,
+    time_input=config.model.time_input,
+    endpoint_terms=config.diffusion.endpoint_terms,
+    draws=draws,
+  )
 
 
-def training_loss(params, batch: dict, key, *, model, config: ml_collections.ConfigDict,
-                  row_index: jax.Array, num_rows: int,
-                  draws: Optional[dict] = None) -> tuple[jax.Array, jax.Array]:
+def training_loss(
+  params,
+  batch: dict,
+  key,
+  *,
+  model,
+  config: ml_collections.ConfigDict,
+  row_index: jax.Array,
+  num_rows: int,
+  draws: Optional[dict] = None,
+) -> tuple[jax.Array, jax.Array]:
   """(loss to differentiate [B], NELBO draw [B]): equal in value; for a learned schedule the
   first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`).
   draws: replayed times and masks (`sequence_nats`)."""
   if not is_learned(config) or config.model.type == "ar":
-    nats = sequence_nats(params, batch, key, model=model, config=config,
-                         estimator=config.training.estimator, t_sampling="stratified",
-                         row_index=row_index, num_rows=num_rows, draws=draws)
+    nats = sequence_nats(
+      params,
+      batch,
+      key,
+      model=model,
+      config=config,
+      estimator=config.training.estimator,
+      t_sampling="stratified",
+      row_index=row_index,
+      num_rows=num_rows,
+      draws=draws,
+    )
     return nats, nats
   if draws is not None:
     raise ValueError("draws replay a mask-rate schedule's training loss, not a learned schedule's.")
   nats, surrogate = bounds.nelbo_surrogate(
-      key, denoiser(model, params, batch), batch["tokens"], schedule_of(params, config),
-      mask_id=config.data.vocab_size, editable=batch["editable"].astype(bool),
-      gradient=config.diffusion.exponent_gradient, row_index=row_index, num_rows=num_rows,
-      reconstruction_time=config.diffusion.reconstruction_time)
+    key,
+    denoiser(model, params, batch),
+    batch["tokens"],
+    schedule_of(params, config),
+    mask_id=config.data.vocab_size,
+    editable=batch["editable"].astype(bool),
+    gradient=config.diffusion.exponent_gradient,
+    row_index=row_index,
+    num_rows=num_rows,
+    reconstruction_time=config.diffusion.reconstruction_time,
+  )
   return surrogate, nats

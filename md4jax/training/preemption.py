@@ -49,8 +49,12 @@ class StopSignals:
         raise KeyboardInterrupt(f"Second {name}: aborting at once, without a checkpoint.")
       return
     self.received = name
-    print(f"\nReceived {name}: finishing the step in flight, then saving a checkpoint "
-          "(press Ctrl-C again to abort at once).", file=sys.stderr, flush=True)
+    print(
+      f"\nReceived {name}: finishing the step in flight, then saving a checkpoint "
+      "(press Ctrl-C again to abort at once).",
+      file=sys.stderr,
+      flush=True,
+    )
     if self._distributed and signum == signal.SIGINT:
       os.kill(os.getpid(), signal.SIGTERM)  # Through jax.distributed: all stop at one step.
 

@@ -33,26 +33,48 @@ class TrainState:
 def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
   m = config.model
   return model_lib.Transformer(
-      vocab_size=config.data.vocab_size, num_layers=m.num_layers, model_dim=m.model_dim,
-      num_heads=m.num_heads, mlp_dim=m.mlp_dim, causal=m.type == "ar",
-      time_conditioning=m.time_conditioning, dtype=jnp.dtype(m.dtype), attention=m.attention,
-      remat=m.remat, scan_layers=m.scan_layers, norm=m.norm, mlp=m.mlp, embed_dim=m.embed_dim,
-      output_init=m.output_init, weight_init=m.weight_init, norm_eps=m.norm_eps, biases=m.biases,
-      time_features=m.time_features, time_dim=m.time_dim, time_hidden_dim=m.time_hidden_dim,
-      adaln_activation=m.adaln_activation)
+    vocab_size=config.data.vocab_size,
+    num_layers=m.num_layers,
+    model_dim=m.model_dim,
+    num_heads=m.num_heads,
+    mlp_dim=m.mlp_dim,
+    causal=m.type == "ar",
+    time_conditioning=m.time_conditioning,
+    dtype=jnp.dtype(m.dtype),
+    attention=m.attention,
+    remat=m.remat,
+    scan_layers=m.scan_layers,
+    norm=m.norm,
+    mlp=m.mlp,
+    embed_dim=m.embed_dim,
+    output_init=m.output_init,
+    weight_init=m.weight_init,
+    norm_eps=m.norm_eps,
+    biases=m.biases,
+    time_features=m.time_features,
+    time_dim=m.time_dim,
+    time_hidden_dim=m.time_hidden_dim,
+    adaln_activation=m.adaln_activation,
+  )
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup from 0 to the peak, then cosine decay to 0 at the last step."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.optimizer.learning_rate,
-      warmup_steps=config.optimizer.warmup_steps, decay_steps=config.num_train_steps, end_value=0.0)
+    init_value=0.0,
+    peak_value=config.optimizer.learning_rate,
+    warmup_steps=config.optimizer.warmup_steps,
+    decay_steps=config.num_train_steps,
+    end_value=0.0,
+  )
 
 
 def weight_decay_mask(params) -> Any:
   """True for matrices; norm scales, biases and other vectors are not decayed."""
+
   def decays(path, param):
     return param.ndim >= 2 and not any("norm" in str(getattr(k, "key", k)) for k in path)
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -62,19 +84,32 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   rescaled, on the same warmup and decay) and is clipped on its own, so its noisy
   score-function gradient never shrinks the network's step."""
   opt = config.optimizer
-  adamw = optax.adamw(learning_rate_schedule(config), b1=opt.b1, b2=opt.b2,
-                      weight_decay=opt.weight_decay, mask=weight_decay_mask)
-  clip = lambda: (optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm > 0
-                  else optax.identity())
+  adamw = optax.adamw(
+    learning_rate_schedule(config),
+    b1=opt.b1,
+    b2=opt.b2,
+    weight_decay=opt.weight_decay,
+    mask=weight_decay_mask,
+  )
+  clip = lambda: (
+    optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm > 0 else optax.identity()
+  )
   if not objective.is_learned(config):
     return optax.chain(clip(), adamw)
+
   def is_theta(params, theta=True):
-    return {k: jax.tree.map(lambda _: (k == objective.SCHEDULE_PARAMS) == theta, v)
-            for k, v in params.items()}
+    return {
+      k: jax.tree.map(lambda _, k=k: (k == objective.SCHEDULE_PARAMS) == theta, v)
+      for k, v in params.items()
+    }
+
   ratio = config.diffusion.exponent_learning_rate / opt.learning_rate
   return optax.chain(
-      optax.masked(clip(), functools.partial(is_theta, theta=False)), optax.masked(clip(), is_theta),
-      adamw, optax.masked(optax.scale(ratio), is_theta))
+    optax.masked(clip(), functools.partial(is_theta, theta=False)),
+    optax.masked(clip(), is_theta),
+    adamw,
+    optax.masked(optax.scale(ratio), is_theta),
+  )
 
 
 def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> TrainState:
@@ -85,16 +120,25 @@ def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> Tr
   params = model.init(params_rng, tokens, jnp.ones((1,)))["params"]
   if objective.is_learned(config):
     params = {**params, objective.SCHEDULE_PARAMS: objective.initial_schedule_params(config)}
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                    ema_params=jax.tree.map(jnp.copy, params), rng=step_rng)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    ema_params=jax.tree.map(jnp.copy, params),
+    rng=step_rng,
+  )
 
 
 def abstract_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:
   """The state's shapes, dtypes and shardings on `mesh`, without allocating it."""
-  boxed = jax.eval_shape(functools.partial(_boxed_state, config, model, optimizer),
-                         jax.random.PRNGKey(config.seed))
-  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
-                      nn.meta.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+  boxed = jax.eval_shape(
+    functools.partial(_boxed_state, config, model, optimizer), jax.random.PRNGKey(config.seed)
+  )
+  return jax.tree.map(
+    lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+    nn.meta.unbox(boxed),
+    sharding.logical_shardings(boxed, mesh),
+  )
 
 
 def state_shardings(state: TrainState) -> TrainState:

@@ -60,6 +60,7 @@ def _stub_module(name: str, **attrs) -> types.ModuleType:
 def _clu_stubs() -> dict:
   """clu as md4/train.py uses it on this path: metric classes that hand the step's values
   through as a dict, and a parameter overview that logs nothing."""
+
   class _Collection:
     names: tuple = ()
 
@@ -77,8 +78,9 @@ def _clu_stubs() -> dict:
     def from_output(name):
       return name
 
-  metrics = _stub_module("clu.metrics", Collection=Collection, Average=_FromOutput,
-                         LastValue=_FromOutput)
+  metrics = _stub_module(
+    "clu.metrics", Collection=Collection, Average=_FromOutput, LastValue=_FromOutput
+  )
   overview = _stub_module("clu.parameter_overview", log_parameter_overview=lambda *a, **k: None)
   modules = {"clu.metrics": metrics, "clu.parameter_overview": overview}
   for name in ("platform", "metric_writers", "periodic_actions"):
@@ -100,19 +102,23 @@ def _package_stubs(*names: str) -> dict:
 def install_stubs() -> list:
   """Stubs for the packages MD4's model and train step import but do not use here, each only
   when it is not installed; returns their names."""
-  if importlib.util.find_spec("tensorflow") is None and importlib.util.find_spec("tensorflow_datasets"):
+  if importlib.util.find_spec("tensorflow") is None and importlib.util.find_spec(
+    "tensorflow_datasets"
+  ):
     # tensorflow_datasets imports without TensorFlow, but not once a module of that name exists.
     import tensorflow_datasets  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   factories = {
-      "clu": _clu_stubs,
-      "distrax": lambda: {"distrax": _stub_module("distrax")},
-      "seaborn": lambda: {"seaborn": _stub_module("seaborn")},
-      "tensorflow": lambda: {"tensorflow": _stub_module("tensorflow")},
-      "transformers": lambda: {"transformers": _stub_module("transformers")},
-      "datasets": lambda: _package_stubs("datasets", "datasets.distributed"),
-      "tensorflow_probability": lambda: _package_stubs(
-          "tensorflow_probability", "tensorflow_probability.substrates",
-          "tensorflow_probability.substrates.jax"),
+    "clu": _clu_stubs,
+    "distrax": lambda: {"distrax": _stub_module("distrax")},
+    "seaborn": lambda: {"seaborn": _stub_module("seaborn")},
+    "tensorflow": lambda: {"tensorflow": _stub_module("tensorflow")},
+    "transformers": lambda: {"transformers": _stub_module("transformers")},
+    "datasets": lambda: _package_stubs("datasets", "datasets.distributed"),
+    "tensorflow_probability": lambda: _package_stubs(
+      "tensorflow_probability",
+      "tensorflow_probability.substrates",
+      "tensorflow_probability.substrates.jax",
+    ),
   }
   installed = []
   for name, factory in factories.items():
@@ -126,6 +132,7 @@ def text_batches(path: str, num_steps: int, batch_size: int, seq_len: int, seed:
   """[S, B, L] uint8 windows of text8-format text at random offsets: a-z -> 0-25, else 26
   (md4/input_pipeline.py's text8 ids)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   text = np.frombuffer(pathlib.Path(path).read_bytes(), np.uint8)
   ids = np.where((text >= ord("a")) & (text <= ord("z")), text - ord("a"), 26).astype(np.uint8)
   starts = np.random.default_rng(seed).integers(0, len(ids) - seq_len, (num_steps, batch_size))
@@ -135,8 +142,9 @@ def text_batches(path: str, num_steps: int, batch_size: int, seq_len: int, seed:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--md4_src", required=True, help="a checkout of google-deepmind/md4")
-  parser.add_argument("--text", default=str(md4_golden.DIR.parents[2] / "shared" / "data" /
-                                            "wiki_text8_dev.txt"))
+  parser.add_argument(
+    "--text", default=str(md4_golden.DIR.parents[2] / "shared" / "data" / "wiki_text8_dev.txt")
+  )
   args = parser.parse_args()
   print("stubbed (not installed):", ", ".join(install_stubs()) or "nothing")
   sys.path.insert(0, str(pathlib.Path(args.md4_src).resolve()))
@@ -155,13 +163,23 @@ def main():
   config.vocab_size, config.data_shape, config.batch_size = g.VOCAB_SIZE, (g.SEQ_LEN,), g.BATCH_SIZE
   config.learning_rate, config.warmup_steps = g.LEARNING_RATE, g.WARMUP_STEPS
   config.num_train_steps, config.ema_rate = g.NUM_STEPS, g.EMA_DECAY
-  assert (config.b2, config.weight_decay, config.clip, config.dropout_rate) == (0.999, 0.0, 0.0, 0.0)
-  lr_fn = functools.partial(md4_train.get_learning_rate, base_learning_rate=config.learning_rate,
-                            num_steps=config.num_train_steps, warmup_steps=config.warmup_steps,
-                            schedule_type=config.learning_rate_schedule)
+  assert (config.b2, config.weight_decay, config.clip, config.dropout_rate) == (
+    0.999,
+    0.0,
+    0.0,
+    0.0,
+  )
+  lr_fn = functools.partial(
+    md4_train.get_learning_rate,
+    base_learning_rate=config.learning_rate,
+    num_steps=config.num_train_steps,
+    warmup_steps=config.warmup_steps,
+    schedule_type=config.learning_rate_schedule,
+  )
   shape = (g.BATCH_SIZE, g.SEQ_LEN)
   model, optimizer, state, metrics_class = md4_train.create_train_state(
-      config, jax.random.PRNGKey(g.SEED), input_shape=shape, schedule_fn=lr_fn)
+    config, jax.random.PRNGKey(g.SEED), input_shape=shape, schedule_fn=lr_fn
+  )
   init_flat = g.flatten({"classifier": state.params["classifier"]})
   assert set(state.params) == {"classifier"}, set(state.params)
 
@@ -195,13 +213,26 @@ def main():
       return out
 
     with nn.intercept_methods(intercept):
-      stats = model.apply({"params": params}, x, cond=None, train=True,
-                          rngs={"sample": sample_rng, "dropout": dropout_rng})
+      stats = model.apply(
+        {"params": params},
+        x,
+        cond=None,
+        train=True,
+        rngs={"sample": sample_rng, "dropout": dropout_rng},
+      )
     return stats["loss"], jnp.reshape(seen["t"], (-1,)), seen["zt"] == g.VOCAB_SIZE
 
-  step_fn = jax.pmap(functools.partial(
-      md4_train.train_step, model=model, optimizer=optimizer, train_metrics_class=metrics_class,
-      learning_rate_fn=lr_fn, ema_rate=config.ema_rate), axis_name="batch")
+  step_fn = jax.pmap(
+    functools.partial(
+      md4_train.train_step,
+      model=model,
+      optimizer=optimizer,
+      train_metrics_class=metrics_class,
+      learning_rate_fn=lr_fn,
+      ema_rate=config.ema_rate,
+    ),
+    axis_name="batch",
+  )
   batches = text_batches(args.text, g.NUM_STEPS, g.BATCH_SIZE, g.SEQ_LEN, seed=2)
   replicated = flax.jax_utils.replicate(state)
   losses, times, masks = [], [], []
@@ -223,13 +254,18 @@ def main():
   logits_trained = np.asarray(md4_logits(final.params, z_fixed, t_fixed))
 
   np.savez_compressed(g.INIT, **init_flat)
-  np.savez_compressed(g.LOGITS, z=z_fixed, t=t_fixed, perturbed=logits_perturbed,
-                      trained=logits_trained)
   np.savez_compressed(
-      g.TRAIN, tokens=batches, t=np.stack(times).astype(np.float32),
-      masked=np.packbits(np.stack(masks), axis=-1), loss=np.asarray(losses, np.float32),
-      **{f"final/{k}": final_flat[k] for k in g.FINAL_LEAVES},
-      **{f"final_ema/{k}": ema_flat[k] for k in g.FINAL_LEAVES})
+    g.LOGITS, z=z_fixed, t=t_fixed, perturbed=logits_perturbed, trained=logits_trained
+  )
+  np.savez_compressed(
+    g.TRAIN,
+    tokens=batches,
+    t=np.stack(times).astype(np.float32),
+    masked=np.packbits(np.stack(masks), axis=-1),
+    loss=np.asarray(losses, np.float32),
+    **{f"final/{k}": final_flat[k] for k in g.FINAL_LEAVES},
+    **{f"final_ema/{k}": ema_flat[k] for k in g.FINAL_LEAVES},
+  )
   for path in (g.INIT, g.LOGITS, g.TRAIN):
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
 

@@ -22,9 +22,12 @@ SEQ_LEN, VOCAB_SIZE, BATCH_SIZE = 32, 27, 8
 # from step 0) with a schedule that learns within 300 steps.
 NUM_STEPS, LEARNING_RATE, WARMUP_STEPS, EMA_DECAY, SEED = 300, 1e-3, 30, 0.9999, 0
 # Leaves whose final raw and EMA values are stored (the whole tree would double the files).
-FINAL_LEAVES = ("classifier/Transformer_0/Dense_2/kernel",
-                "classifier/Transformer_0/TransformerBlock_0/Dense_0/bias",
-                "classifier/CondEmbedding_0/dense0/bias", "classifier/Embed_0/embedding")
+FINAL_LEAVES = (
+  "classifier/Transformer_0/Dense_2/kernel",
+  "classifier/Transformer_0/TransformerBlock_0/Dense_0/bias",
+  "classifier/CondEmbedding_0/dense0/bias",
+  "classifier/Embed_0/embedding",
+)
 
 PERTURB_SCALE = 0.05
 
@@ -68,4 +71,4 @@ def unflatten(flat: dict) -> dict:
 def load(path: pathlib.Path, prefix: str = "") -> dict:
   """The arrays of an npz file (those under `prefix`, with it removed)."""
   with np.load(path) as data:
-    return {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
+    return {k[len(prefix) :]: data[k] for k in data.files if k.startswith(prefix)}
