@@ -26,17 +26,17 @@ import numpy as np
 
 from md4jax import config_lib
 from md4jax.data import sources
-from md4jax.diffusion import bounds
-from md4jax.diffusion import schedules
+from md4jax.diffusion import bounds, schedules
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
-from md4jax.training import checkpoint
-from md4jax.training import objective
+from md4jax.training import checkpoint, objective
 from md4jax.training import state as state_lib
 
 
-def profile_nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
+def profile_nats(
+  params, batch: dict, key, *, model, config: ml_collections.ConfigDict
+) -> jax.Array:
   """[B, bins]: w(t)·Σ masked CE of each row with t uniform in each of config.eval.profile_bins bins.
 
   Bin b covers ((b)/bins, (b+1)/bins]; a row's mean over bins is a stratified
@@ -50,9 +50,16 @@ def profile_nats(params, batch: dict, key, *, model, config: ml_collections.Conf
   def one_bin(b):
     time_key, mask_key = jax.random.split(jax.random.fold_in(key, b))
     t = (b + 1 - jax.random.uniform(time_key, tokens.shape[:1])) / bins  # In (b/bins, (b+1)/bins].
-    return bounds.continuous_loss_at(mask_key, denoise_fn, tokens, schedule, t,
-                                     mask_id=config.data.vocab_size, editable=editable,
-                                     time_input=config.model.time_input)
+    return bounds.continuous_loss_at(
+      mask_key,
+      denoise_fn,
+      tokens,
+      schedule,
+      t,
+      mask_id=config.data.vocab_size,
+      editable=editable,
+      time_input=config.model.time_input,
+    )
 
   return jax.lax.map(one_bin, jnp.arange(bins)).T
 
@@ -74,25 +81,45 @@ def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Opti
   # A learned (state-dependent) schedule has one continuous bound, its own (md4jax.diffusion.genmd4).
   estimators = ("standard",) if objective.is_learned(config) else ("standard", "mask_count")
   bounds = {f"continuous/{name}": (name, None) for name in estimators}
-  bounds.update({f"T{steps}": (discrete_estimator(config), steps) for steps in discrete_steps(config)})
+  bounds.update(
+    {f"T{steps}": (discrete_estimator(config), steps) for steps in discrete_steps(config)}
+  )
   return bounds
 
 
-def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: bool = True):
-  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b],
-  profile_nats [b, bins] (mdm, eval.profile_bins > 0 and with_profile), num_tokens [b], tokens,
-  editable}."""
+def make_eval_fn(
+  config: ml_collections.ConfigDict,
+  model,
+  mesh,
+  with_profile: bool = True,
+  headline_only: bool = False,
+):
+  """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b] (unless
+  headline_only), profile_nats [b, bins] (mdm, eval.profile_bins > 0 and with_profile),
+  num_tokens [b], tokens, editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
-  extras = extra_bounds(config)
-  with_profile = (with_profile and config.model.type == "mdm" and config.eval.profile_bins > 0
-                  and not objective.is_learned(config))  # The profile is of w(t)·CE: one mask rate.
+  extras = {} if headline_only else extra_bounds(config)
+  with_profile = (
+    with_profile
+    and config.model.type == "mdm"
+    and config.eval.profile_bins > 0
+    and not objective.is_learned(config)
+  )  # The profile is of w(t)·CE: one mask rate.
 
   def eval_fn(params, batch, key):
     def score(draw_key, estimator, num_steps=None):
       # Uniform (not stratified) t keeps the rows' estimates independent, so the
       # standard error over rows is honest.
-      return objective.sequence_nats(params, batch, draw_key, model=model, config=config,
-                                     estimator=estimator, t_sampling="uniform", num_steps=num_steps)
+      return objective.sequence_nats(
+        params,
+        batch,
+        draw_key,
+        model=model,
+        config=config,
+        estimator=estimator,
+        t_sampling="uniform",
+        num_steps=num_steps,
+      )
 
     # name -> (estimator, num_steps, draws, index). The headline and the continuous bounds take
     # eval.num_mc_samples draws (the estimators compare at the same K), each discrete-time
@@ -111,8 +138,10 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
     shared = [f"nats/{name}" for name in extras if f"nats/{name}" not in scored]
 
     def scores_of(bounds, key_j):
-      return {name: score(jax.random.fold_in(key_j, index) if index else key_j, estimator,
-                          num_steps) for name, (estimator, num_steps, _, index) in bounds.items()}
+      return {
+        name: score(jax.random.fold_in(key_j, index) if index else key_j, estimator, num_steps)
+        for name, (estimator, num_steps, _, index) in bounds.items()
+      }
 
     by_draws = {}  # draws -> the bounds that take them: one cond per group, not per bound.
     for name, bound in scored.items():
@@ -121,10 +150,10 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
     def add_draw(totals, xs):
       j, key_j = xs
       values = {}
-      for draws, bounds in by_draws.items():
-        draw = functools.partial(scores_of, bounds)
+      for draws, names in by_draws.items():
+        draw = functools.partial(scores_of, names)
         if draws < num_iterations:  # Bounds with fewer draws: the last iterations skip them.
-          nothing = {name: jnp.zeros(rows) for name in bounds}
+          nothing = {name: jnp.zeros(rows) for name in names}
           values.update(jax.lax.cond(j < draws, draw, lambda _, nothing=nothing: nothing, key_j))
         else:
           values.update(draw(key_j))
@@ -135,11 +164,17 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
     # assignment fails on text8's eval for v5e:2x2 (tests/test_aot.py), as it does with two
     # scans in a row. split(k, n)[:m] is split(k, m) (partitionable threefry), so the
     # headline's keys do not depend on the discrete bounds' draws.
-    totals, _ = jax.lax.scan(add_draw, {name: jnp.zeros(rows) for name in [*scored, *shared]},
-                             (jnp.arange(num_iterations), jax.random.split(draw_key, num_iterations)))
+    totals, _ = jax.lax.scan(
+      add_draw,
+      {name: jnp.zeros(rows) for name in [*scored, *shared]},
+      (jnp.arange(num_iterations), jax.random.split(draw_key, num_iterations)),
+    )
     outputs = {name: totals[name] / scored.get(name, scored["nats"])[2] for name in totals}
-    outputs.update(num_tokens=batch["editable"].astype(jnp.int32).sum(-1), tokens=batch["tokens"],
-                   editable=batch["editable"])
+    outputs.update(
+      num_tokens=batch["editable"].astype(jnp.int32).sum(-1),
+      tokens=batch["tokens"],
+      editable=batch["editable"],
+    )
     if with_profile:
       outputs["profile_nats"] = profile_nats(params, batch, profile_key, model=model, config=config)
     return outputs
@@ -150,8 +185,11 @@ def make_eval_fn(config: ml_collections.ConfigDict, model, mesh, with_profile: b
 
   # Params keep the layout they come with (the train state's); rows split over the batch axes.
   replicated = sharding.replicated(mesh)
-  return jax.jit(sharded_eval_fn, in_shardings=(None, sharding.batch_sharding(mesh), replicated),
-                 out_shardings=replicated)
+  return jax.jit(
+    sharded_eval_fn,
+    in_shardings=(None, sharding.batch_sharding(mesh), replicated),
+    out_shardings=replicated,
+  )
 
 
 def mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
@@ -165,8 +203,9 @@ def per_token_and_stderr(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[floa
   ratio = nats.sum() / num_tokens.sum()
   residual = nats - ratio * num_tokens
   n = len(nats)
-  stderr = (math.sqrt((residual ** 2).sum() / (n * (n - 1))) / num_tokens.mean()
-            if n > 1 else float("nan"))
+  stderr = (
+    math.sqrt((residual**2).sum() / (n * (n - 1))) / num_tokens.mean() if n > 1 else float("nan")
+  )
   return float(ratio), float(stderr)
 
 
@@ -185,28 +224,38 @@ def loss_profile(nats: np.ndarray, num_tokens: np.ndarray, schedule: str) -> dic
   per_bin = [_bits(nats[:, b], num_tokens) for b in range(bins)]
   mean = _bits(nats.mean(axis=1), num_tokens)  # Per row first: the bins share rows.
   alpha = schedules.get_schedule(schedule)
-  return {"schedule": schedule, "t_edges": [b / bins for b in range(bins + 1)],
-          "endpoint_terms_excluded": bool(alpha.needs_reconstruction_term or alpha.needs_prior_term),
-          "bits_per_token": [f["bits_per_token"] for f in per_bin],
-          "stderr": [f["stderr"] for f in per_bin],
-          "mean_bits_per_token": mean["bits_per_token"], "mean_stderr": mean["stderr"]}
+  return {
+    "schedule": schedule,
+    "t_edges": [b / bins for b in range(bins + 1)],
+    "endpoint_terms_excluded": bool(alpha.needs_reconstruction_term or alpha.needs_prior_term),
+    "bits_per_token": [f["bits_per_token"] for f in per_bin],
+    "stderr": [f["stderr"] for f in per_bin],
+    "mean_bits_per_token": mean["bits_per_token"],
+    "mean_stderr": mean["stderr"],
+  }
 
 
-def side_by_side(nats: np.ndarray, judge_nats: np.ndarray, num_tokens: np.ndarray, judge_workdir: str) -> dict:
+def side_by_side(
+  nats: np.ndarray, judge_nats: np.ndarray, num_tokens: np.ndarray, judge_workdir: str
+) -> dict:
   """The evaluated model against the AR judge on the same rows: both figures, their paired
   difference and ratio, each ± a standard error over rows."""
   judge_bits, difference = _bits(judge_nats, num_tokens), _bits(nats - judge_nats, num_tokens)
   ratio, ratio_stderr = per_token_and_stderr(nats, judge_nats)  # Σ model / Σ judge.
-  return {"judge_workdir": judge_workdir,
-          "judge_nll_bits_per_token": judge_bits["bits_per_token"],
-          "judge_nll_bits_per_token_stderr": judge_bits["stderr"],
-          "difference_bits_per_token": difference["bits_per_token"],
-          "difference_bits_per_token_stderr": difference["stderr"],
-          "ratio": ratio, "ratio_stderr": ratio_stderr}
+  return {
+    "judge_workdir": judge_workdir,
+    "judge_nll_bits_per_token": judge_bits["bits_per_token"],
+    "judge_nll_bits_per_token_stderr": judge_bits["stderr"],
+    "difference_bits_per_token": difference["bits_per_token"],
+    "difference_bits_per_token_stderr": difference["stderr"],
+    "ratio": ratio,
+    "ratio_stderr": ratio_stderr,
+  }
 
 
-def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
-             judge: Optional["Judge"] = None) -> dict:
+def evaluate(
+  config: ml_collections.ConfigDict, eval_fn, params, source, mesh, judge: Optional["Judge"] = None
+) -> dict:
   """NELBO bits/token of held-out rows ± standard error, against the truth where known.
 
   With a judge (an AR model), the same rows are also scored by it exactly: the
@@ -217,40 +266,54 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
     judge.check_compatible(config, config.data.seq_len, what="evaluation rows")
   outputs = []
   for i, batch in enumerate(source.eval_batches(config.eval.num_sequences, config.eval.batch_size)):
-    outputs.append(sharding.to_host(eval_fn(params, sharding.device_batch(batch, mesh), np.asarray(jax.random.fold_in(key, i)))))
+    outputs.append(
+      sharding.to_host(
+        eval_fn(params, sharding.device_batch(batch, mesh), np.asarray(jax.random.fold_in(key, i)))
+      )
+    )
     if judge is not None:
       outputs[-1]["judge_nats"] = judge.nats(batch)
   columns = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  scored = np.flatnonzero(columns["num_tokens"] > 0)[:config.eval.num_sequences]  # Padding rows fill the last batch.
+  scored = np.flatnonzero(columns["num_tokens"] > 0)[
+    : config.eval.num_sequences
+  ]  # Padding rows fill the last batch.
   columns = {k: v[scored] for k, v in columns.items()}
   nats, num_tokens, rows = columns["nats"], columns["num_tokens"], columns["tokens"]
   headline = _bits(nats, num_tokens)
   mean, stderr = headline["bits_per_token"], headline["stderr"]
   results = {
-      "nelbo_bits_per_token": mean,
-      "nelbo_bits_per_token_stderr": stderr,
-      "perplexity": 2.0 ** mean,
-      "num_sequences": int(len(nats)),
-      "num_tokens": int(num_tokens.sum()),
-      "model_type": config.model.type,
+    "nelbo_bits_per_token": mean,
+    "nelbo_bits_per_token_stderr": stderr,
+    "perplexity": 2.0**mean,
+    "num_sequences": int(len(nats)),
+    "num_tokens": int(num_tokens.sum()),
+    "model_type": config.model.type,
   }
   if config.model.type == "ar":
     # The exact NLL; it is also stored as nelbo_* so readers of either model type work.
-    results.update(nll_bits_per_token=mean, nll_bits_per_token_stderr=stderr, estimator="exact_nll",
-                   num_mc_samples=0)
+    results.update(
+      nll_bits_per_token=mean,
+      nll_bits_per_token_stderr=stderr,
+      estimator="exact_nll",
+      num_mc_samples=0,
+    )
   else:
     results.update(estimator=config.eval.estimator, num_mc_samples=config.eval.num_mc_samples)
-    results["estimators"] = {name: _bits(columns[f"nats/continuous/{name}"], num_tokens)
-                             for name in ("standard", "mask_count")
-                             if f"nats/continuous/{name}" in columns}
-    if discrete_steps(config):
-      results["discrete_time"] = {str(steps): _bits(columns[f"nats/T{steps}"], num_tokens)
-                                  for steps in discrete_steps(config)}
+    results["estimators"] = {
+      name: _bits(columns[f"nats/continuous/{name}"], num_tokens)
+      for name in ("standard", "mask_count")
+      if f"nats/continuous/{name}" in columns
+    }
+    if discrete_steps(config) and f"nats/T{discrete_steps(config)[0]}" in columns:
+      results["discrete_time"] = {
+        str(steps): _bits(columns[f"nats/T{steps}"], num_tokens) for steps in discrete_steps(config)
+      }
       results["discrete_time_estimator"] = discrete_estimator(config)
       results["discrete_time_num_mc_samples"] = config.eval.num_discrete_draws
     if "profile_nats" in columns:
-      results["loss_profile"] = loss_profile(columns["profile_nats"], num_tokens,
-                                             config.diffusion.schedule)
+      results["loss_profile"] = loss_profile(
+        columns["profile_nats"], num_tokens, config.diffusion.schedule
+      )
   if objective.is_learned(config):
     results["learned_schedule"] = learned_exponents(params, config, source)
   if judge is not None:
@@ -273,8 +336,12 @@ def evaluate(config: ml_collections.ConfigDict, eval_fn, params, source, mesh,
     bits = nats / (num_tokens * math.log(2.0))
     # The excess over the exact −log2 p of the same sequences cancels their sampling noise.
     excess, excess_stderr = mean_and_stderr(bits - source.true_bits_per_token_of(rows))
-    results.update(true_bits_per_token=true_bits, gap_percent=100.0 * (mean - true_bits) / true_bits,
-                   excess_bits_per_token=excess, excess_bits_per_token_stderr=excess_stderr)
+    results.update(
+      true_bits_per_token=true_bits,
+      gap_percent=100.0 * (mean - true_bits) / true_bits,
+      excess_bits_per_token=excess,
+      excess_bits_per_token_stderr=excess_stderr,
+    )
   return results
 
 
@@ -283,9 +350,15 @@ def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict
   last, revealed first) to the smallest, with each token's text."""
   w = np.asarray(jax.device_get(objective.exponents(params, config)), np.float64)
   order = np.argsort(-w)
-  return {"schedule": config.diffusion.schedule, "token_ids": [int(i) for i in order],
-          "tokens": [source.token_text(int(i)) for i in order], "exponents": [float(w[i]) for i in order],
-          "min": float(w.min()), "max": float(w.max()), "std": float(w.std())}
+  return {
+    "schedule": config.diffusion.schedule,
+    "token_ids": [int(i) for i in order],
+    "tokens": [source.token_text(int(i)) for i in order],
+    "exponents": [float(w[i]) for i in order],
+    "min": float(w.min()),
+    "max": float(w.max()),
+    "std": float(w.std()),
+  }
 
 
 # ---- Sample quality under a judge ----
@@ -310,12 +383,16 @@ def load_judge(judge_workdir, mesh):
   workdir = workdir_lib.Workdir(judge_workdir)
   config_path = workdir.config_json
   if not config_path.is_file():
-    raise FileNotFoundError(f"eval.judge_workdir={judge_workdir!r} has no config.json; "
-                            "point it at a workdir trained by md4jax.")
+    raise FileNotFoundError(
+      f"eval.judge_workdir={judge_workdir!r} has no config.json; "
+      "point it at a workdir trained by md4jax."
+    )
   config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
   if config.model.type != "ar":
-    raise ValueError(f"The judge in {judge_workdir} is model.type={config.model.type!r}; "
-                     "generative perplexity needs an exact likelihood, an 'ar' model.")
+    raise ValueError(
+      f"The judge in {judge_workdir} is model.type={config.model.type!r}; "
+      "generative perplexity needs an exact likelihood, an 'ar' model."
+    )
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
   restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
@@ -331,13 +408,25 @@ class Judge:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model, params, mesh, workdir: str = ""):
-    self.config, self.model, self.params, self.mesh, self.workdir = config, model, params, mesh, workdir
+    self.config, self.model, self.params, self.mesh, self.workdir = (
+      config,
+      model,
+      params,
+      mesh,
+      workdir,
+    )
+
     def score(params, batch):
       with sharding.activation_rules(mesh):
-        return objective.sequence_nats(params, batch, None, model=model, config=config,
-                                       estimator="exact", t_sampling="uniform")
-    self._score = jax.jit(score, in_shardings=(None, sharding.batch_sharding(mesh)),
-                          out_shardings=sharding.replicated(mesh))
+        return objective.sequence_nats(
+          params, batch, None, model=model, config=config, estimator="exact", t_sampling="uniform"
+        )
+
+    self._score = jax.jit(
+      score,
+      in_shardings=(None, sharding.batch_sharding(mesh)),
+      out_shardings=sharding.replicated(mesh),
+    )
 
   @classmethod
   def from_workdir(cls, judge_workdir, mesh) -> "Judge":
@@ -346,24 +435,35 @@ class Judge:
   def check_compatible(self, config: ml_collections.ConfigDict, length: int, what: str = "samples"):
     """Raises ValueError unless the judge models config's data and can score `length` tokens."""
     if self.config.data.vocab_size != config.data.vocab_size:
-      raise ValueError(f"The judge's vocab_size {self.config.data.vocab_size} differs from the "
-                       f"evaluated model's {config.data.vocab_size}: it cannot score these tokens.")
+      raise ValueError(
+        f"The judge's vocab_size {self.config.data.vocab_size} differs from the "
+        f"evaluated model's {config.data.vocab_size}: it cannot score these tokens."
+      )
     # A char alphabet or a BPE is built from the corpus: same size does not mean same ids.
-    same_data = ["dataset", "language_seed", "concentration"] if config.data.dataset == "markov" else [
-        "dataset", "path", "tokenizer", "bpe_vocab_size", "tokenizer_path"]
+    same_data = (
+      ["dataset", "language_seed", "concentration"]
+      if config.data.dataset == "markov"
+      else ["dataset", "path", "tokenizer", "bpe_vocab_size", "tokenizer_path"]
+    )
     for name in same_data:
       if self.config.data[name] != config.data[name]:
-        raise ValueError(f"The judge {self.workdir} was trained with data.{name}="
-                         f"{self.config.data[name]!r}, the evaluated model with {config.data[name]!r}: "
-                         "its scores would not be about the same data and token ids.")
+        raise ValueError(
+          f"The judge {self.workdir} was trained with data.{name}="
+          f"{self.config.data[name]!r}, the evaluated model with {config.data[name]!r}: "
+          "its scores would not be about the same data and token ids."
+        )
     if length > self.config.data.seq_len:
-      raise ValueError(f"The {what} are {length} tokens long, past the judge's context "
-                       f"(data.seq_len={self.config.data.seq_len} in {self.workdir}).")
+      raise ValueError(
+        f"The {what} are {length} tokens long, past the judge's context "
+        f"(data.seq_len={self.config.data.seq_len} in {self.workdir})."
+      )
 
   def nats(self, batch: dict) -> np.ndarray:
     """Exact NLL in nats of each row's editable tokens [B] under the judge (host batch dict)."""
     rows = batch["tokens"].shape[0]
-    missing = -rows % self.mesh.devices.size  # Rows that are not editable fill the last device's share.
+    missing = (
+      -rows % self.mesh.devices.size
+    )  # Rows that are not editable fill the last device's share.
     padded = sources.pad_rows(batch, missing)
     nats = self._score(self.params, sharding.device_batch(padded, self.mesh))
     return np.asarray(sharding.to_host(nats), np.float64)[:rows]
@@ -376,10 +476,16 @@ class Judge:
     tokens = np.asarray(tokens, np.int32)
     batch = sources.dense_batch(tokens)
     batch["editable"][:, :prompt_length] = False
-    perplexity, perplexity_stderr = generative_perplexity(self.nats(batch), batch["editable"].sum(-1))
+    perplexity, perplexity_stderr = generative_perplexity(
+      self.nats(batch), batch["editable"].sum(-1)
+    )
     entropy, entropy_stderr = sample_entropy(tokens[:, prompt_length:])
-    return {"generative_perplexity": perplexity, "generative_perplexity_stderr": perplexity_stderr,
-            "sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
+    return {
+      "generative_perplexity": perplexity,
+      "generative_perplexity_stderr": perplexity_stderr,
+      "sample_entropy": entropy,
+      "sample_entropy_stderr": entropy_stderr,
+    }
 
 
 def judge_samples(config: ml_collections.ConfigDict, model, params, source, judge: Judge) -> dict:
@@ -391,18 +497,26 @@ def judge_samples(config: ml_collections.ConfigDict, model, params, source, judg
   judged.sample.num_samples = config.eval.num_judged_samples
   tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)
   prompt_length = len(generate.encode_prompt(config, source))
-  return {**judge.score(tokens, prompt_length), "judge_workdir": judge.workdir,
-          "num_judged_samples": int(len(tokens)), "sampler": {**run, "nfe": nfe}}
+  return {
+    **judge.score(tokens, prompt_length),
+    "judge_workdir": judge.workdir,
+    "num_judged_samples": int(len(tokens)),
+    "sampler": {**run, "nfe": nfe},
+  }
 
 
 def summary(results: dict) -> str:
   """Human-readable lines for the end of a run."""
   name = "NLL" if results["model_type"] == "ar" else "NELBO"
-  lines = [f"{name} {results['nelbo_bits_per_token']:.4f} ± {results['nelbo_bits_per_token_stderr']:.4f} "
-           f"bits/token ({results['num_sequences']} held-out sequences, {results['estimator']})"]
+  lines = [
+    f"{name} {results['nelbo_bits_per_token']:.4f} ± {results['nelbo_bits_per_token_stderr']:.4f} "
+    f"bits/token ({results['num_sequences']} held-out sequences, {results['estimator']})"
+  ]
   if "true_bits_per_token" in results:
-    lines.append(f"exact entropy {results['true_bits_per_token']:.4f} bits/token; "
-                 f"gap {results['gap_percent']:+.2f}% "
-                 f"(paired excess {results['excess_bits_per_token']:.4f} ± "
-                 f"{results['excess_bits_per_token_stderr']:.4f} bits/token)")
+    lines.append(
+      f"exact entropy {results['true_bits_per_token']:.4f} bits/token; "
+      f"gap {results['gap_percent']:+.2f}% "
+      f"(paired excess {results['excess_bits_per_token']:.4f} ± "
+      f"{results['excess_bits_per_token_stderr']:.4f} bits/token)"
+    )
   return "\n".join(lines)

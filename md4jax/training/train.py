@@ -21,10 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from md4jax.runtime import sharding
-from md4jax.training import checkpoint
-from md4jax.training import metrics_writer
-from md4jax.training import objective
-from md4jax.training import preemption
+from md4jax.training import checkpoint, metrics_writer, objective, preemption
 from md4jax.training import state as state_lib
 
 TrainState = state_lib.TrainState
@@ -52,7 +49,8 @@ def _microbatches(batch: dict, num: int) -> tuple[dict, jax.Array]:
   rows = jax.tree.leaves(batch)[0].shape[0]
   split = lambda x: x.reshape(rows // num, num, *x.shape[1:]).swapaxes(0, 1)
   micro = jax.tree.map(
-      lambda x: nn.with_logical_constraint(split(x), (None, "batch") + (None,) * (x.ndim - 1)), batch)
+    lambda x: nn.with_logical_constraint(split(x), (None, "batch") + (None,) * (x.ndim - 1)), batch
+  )
   return micro, split(jnp.arange(rows))
 
 
@@ -75,9 +73,15 @@ def _flat_aux(value_and_grad_output):
   return nats, grads
 
 
-def train_step(state: TrainState, batch: dict, *, model, optimizer,
-               config: ml_collections.ConfigDict,
-               draws: Optional[dict] = None) -> tuple[TrainState, dict]:
+def train_step(
+  state: TrainState,
+  batch: dict,
+  *,
+  model,
+  optimizer,
+  config: ml_collections.ConfigDict,
+  draws: Optional[dict] = None,
+) -> tuple[TrainState, dict]:
   """One optimizer step on a batch (dict of [B, L]: tokens, segment_ids, positions, editable;
   segment_ids and positions may be None, `md4jax.data.sources`). Pure.
 
@@ -88,10 +92,20 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
   key = jax.random.fold_in(state.rng, state.step)
   num_rows = batch["tokens"].shape[0]
 
-  def total_nats(params, rows: dict, row_index: jax.Array, row_draws) -> tuple[jax.Array, jax.Array]:
+  def total_nats(
+    params, rows: dict, row_index: jax.Array, row_draws
+  ) -> tuple[jax.Array, jax.Array]:
     # (differentiated loss, reported NELBO): equal in value (objective.training_loss).
-    loss, nats = objective.training_loss(params, rows, key, model=model, config=config,
-                                         row_index=row_index, num_rows=num_rows, draws=row_draws)
+    loss, nats = objective.training_loss(
+      params,
+      rows,
+      key,
+      model=model,
+      config=config,
+      row_index=row_index,
+      num_rows=num_rows,
+      draws=row_draws,
+    )
     return loss.sum(), nats.sum()
 
   grad_fn = lambda *args: _flat_aux(jax.value_and_grad(total_nats, has_aux=True)(*args))
@@ -99,13 +113,17 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
   if num_micro == 1:
     total, grads = grad_fn(state.params, batch, jnp.arange(num_rows), draws)
   else:
+
     def accumulate(carry, inputs):
       value, grads = grad_fn(state.params, *inputs)
       return jax.tree.map(jnp.add, carry, (value, grads)), None
+
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
     # Accumulates (reported NELBO, grads).
     micro_draws = None if draws is None else _microbatches(draws, num_micro)[0]
-    (total, grads), _ = jax.lax.scan(accumulate, zeros, (*_microbatches(batch, num_micro), micro_draws))
+    (total, grads), _ = jax.lax.scan(
+      accumulate, zeros, (*_microbatches(batch, num_micro), micro_draws)
+    )
   # Per valid token, never per masked token (docs/math.md, "Per-token figures").
   num_tokens = jnp.maximum(batch["editable"].astype(jnp.int32).sum(), 1)
   loss = total / num_tokens
@@ -120,46 +138,74 @@ def train_step(state: TrainState, batch: dict, *, model, optimizer,
   # relative to itself, where d e rounds relative to e (0.9999 for 300 steps: 5e-6 vs 2e-7).
   ema_params = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
   metrics = {
-      "loss": loss,
-      "nelbo_bits_per_token": loss / math.log(2.0),  # For "ar": the NLL in bits/token.
-      "grad_norm": optax.tree.norm(objective.network_params(grads)),
-      "learning_rate": state_lib.learning_rate_schedule(config)(state.step),
+    "loss": loss,
+    "nelbo_bits_per_token": loss / math.log(2.0),  # For "ar": the NLL in bits/token.
+    "grad_norm": optax.tree.norm(objective.network_params(grads)),
+    "learning_rate": state_lib.learning_rate_schedule(config)(state.step),
   }
   if objective.is_learned(config):  # The learned schedule's exponents w, of the raw params.
     w = objective.exponents(params, config)
-    metrics.update({"exponent_min": w.min(), "exponent_max": w.max(), "exponent_std": w.std(),
-                    "exponent_grad_norm": optax.tree.norm(grads[objective.SCHEDULE_PARAMS])})
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                            ema_params=ema_params)
+    metrics.update(
+      {
+        "exponent_min": w.min(),
+        "exponent_max": w.max(),
+        "exponent_std": w.std(),
+        "exponent_grad_norm": optax.tree.norm(grads[objective.SCHEDULE_PARAMS]),
+      }
+    )
+  new_state = state.replace(
+    step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema_params
+  )
   return new_state, metrics
 
 
-def make_train_step(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh,
-                    state: TrainState):
+def make_train_step(
+  config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh, state: TrainState
+):
   """train_step jitted over `mesh` with the shardings of `state` (a state or its
   `state.abstract_state`), donating the state."""
   state_shardings = state_lib.state_shardings(state)
+
   def step(state, batch):
     with sharding.activation_rules(mesh):
       return train_step(state, batch, model=model, optimizer=optimizer, config=config)
-  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-                 out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+    out_shardings=(state_shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
 
 
 def _check_finite(step_metrics: list[tuple[int, dict]], last_checkpoint: Optional[int]):
   for step, metrics in step_metrics:
     if not math.isfinite(metrics["loss"]):
-      kept = (f"the last good checkpoint (step {last_checkpoint}) is kept" if last_checkpoint
-              else "no checkpoint was saved")
+      kept = (
+        f"the last good checkpoint (step {last_checkpoint}) is kept"
+        if last_checkpoint
+        else "no checkpoint was saved"
+      )
       raise FloatingPointError(
-          f"Loss is {metrics['loss']} at step {step}: stopping without saving this state; {kept}. "
-          "Try a lower optimizer.learning_rate or optimizer.grad_clip_norm (> 0).")
+        f"Loss is {metrics['loss']} at step {step}: stopping without saving this state; {kept}. "
+        "Try a lower optimizer.learning_rate or optimizer.grad_clip_norm (> 0)."
+      )
 
 
-def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, iterator, mesh: Mesh,
-               manager, writer: metrics_writer.MetricsWriter, *, last_checkpoint: Optional[int],
-               window: list[dict], stop: preemption.StopSignals,
-               evaluate_fn: Callable[[TrainState], dict]) -> tuple[TrainState, bool]:
+def train_loop(
+  config: ml_collections.ConfigDict,
+  state: TrainState,
+  step_fn,
+  iterator,
+  mesh: Mesh,
+  manager,
+  writer: metrics_writer.MetricsWriter,
+  *,
+  last_checkpoint: Optional[int],
+  window: list[dict],
+  stop: preemption.StopSignals,
+  evaluate_fn: Callable[[TrainState], dict],
+) -> tuple[TrainState, bool]:
   """Steps to config.num_train_steps, logging, checkpointing and calling evaluate_fn on schedule
   (not at the last step: the caller evaluates the final state). Returns (state, stopped):
   stopped when a signal ended the run early, after a checkpoint of the step it finished.
@@ -168,7 +214,9 @@ def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, it
   so a resumed run logs exactly what the uninterrupted one would have.
   """
   start_step = int(sharding.to_host(state.step))
-  progress = metrics_writer.ProgressLine(config.num_train_steps)
+  progress = metrics_writer.ProgressLine(
+    config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps
+  )
   unchecked = []  # Device metrics not yet fetched.
   in_flight = []  # Metrics of the steps dispatched and not yet known finished.
   window_start, timed_steps = time.perf_counter(), 0
@@ -200,12 +248,19 @@ def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, it
       record["learning_rate"] = window[-1]["learning_rate"]
       record["tokens_per_second"] = timed_steps * tokens_per_step / elapsed if timed_steps else 0.0
       writer.write_train(step, record)
-      progress.update(step, record["loss"], record["tokens_per_second"],
-                      elapsed / timed_steps if timed_steps else 0.0)
+      progress.update(
+        step,
+        record["loss"],
+        record["tokens_per_second"],
+        elapsed / timed_steps if timed_steps else 0.0,
+      )
       window, window_start, timed_steps = [], time.perf_counter(), 0
     if should_save:
+      save_start = time.perf_counter()
       checkpoint.save(manager, step, state, iterator.get_state(), config, {"window": window})
       last_checkpoint = step
+      progress.record("checkpoint", time.perf_counter() - save_start)
+      window_start += time.perf_counter() - save_start  # Keep the save out of tokens/s.
     if stopping:
       checkpoint.wait(manager)
       progress.finish()
@@ -213,6 +268,7 @@ def train_loop(config: ml_collections.ConfigDict, state: TrainState, step_fn, it
     if should_eval:
       eval_start = time.perf_counter()
       evaluate_fn(state)
+      progress.record("evaluation", time.perf_counter() - eval_start)
       window_start += time.perf_counter() - eval_start  # Keep evaluation out of tokens/s.
   progress.finish()
   return state, False
