@@ -32,7 +32,7 @@ setuptools.setup(
   ],
   extras_require={
     # The test suite: python -m pytest -q tests (README, Development).
-    "test": ["pytest>=8", "scipy>=1.11", "ruff>=0.6"],
+    "test": ["pytest>=8", "scipy>=1.11", "ruff>=0.17,<0.18"],
     # libtpu: TPU VMs, and the TPU compiler that md4jax.aot (and its tests) use on any machine.
     "tpu": ["jax[tpu]>=0.10,<0.12"],
     # TensorFlow: LM1B and OpenWebText read through tensorflow-datasets when no local copy is given.
