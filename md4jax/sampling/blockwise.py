@@ -23,6 +23,7 @@ def generate_semi_autoregressive(
   mask_id: int,
   prompt: Optional[Array] = None,
   eos_id: Optional[int] = None,
+  method: str = "ancestral",
   **sample_kwargs,
 ):
   """Generates past the model's context, MDLM style, block by block.
@@ -64,6 +65,7 @@ def generate_semi_autoregressive(
       mask_id=mask_id,
       prompt=given,
       prompt_mask=given_mask,
+      method=method,
       **sample_kwargs,
     )
 
@@ -72,7 +74,6 @@ def generate_semi_autoregressive(
     given = jnp.concatenate([known, jnp.full((batch_size, pad), mask_id, jnp.int32)], axis=1)
     return given, jnp.arange(window) < known.shape[1]
 
-  method = sample_kwargs.get("method", "ancestral")
   tokens, info = sample_window(jax.random.fold_in(key, 0), *clamped(prefix))
   samplers.check_logits(info, method)
   nfe, num_blocks = int(info["nfe"]), 1
