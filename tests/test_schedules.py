@@ -285,7 +285,7 @@ def test_time_of_inverts_alpha(name):
 
 
 def test_state_dependent_schedule_has_no_inverse():
-  with pytest.raises(NotImplementedError, match="per token"):
+  with pytest.raises(ValueError, match="per token"):
     get_schedule("tokenpoly", exponents=jnp.ones(3)).time_of(jnp.float32(0.5))
 
 

@@ -86,8 +86,12 @@ class Schedule(abc.ABC):
     return jnp.clip(self._inverse(jnp.asarray(alpha)), 0.0, 1.0)
 
   def _inverse(self, alpha: Array) -> Array:
-    """α⁻¹, unclipped; mask-rate schedules define it."""
-    raise NotImplementedError(f"{type(self).__name__} has no inverse α⁻¹: its α(t) is per token.")
+    """α⁻¹, unclipped; every mask-rate schedule overrides it."""
+    raise ValueError(
+      f"{type(self).__name__} has no single inverse α⁻¹: its α(t) is per token, so a "
+      "t-conditioned denoiser must be given t itself (model.time_input='alpha' or a mask-rate "
+      "schedule)."
+    )
 
   @property
   def needs_reconstruction_term(self) -> bool:
