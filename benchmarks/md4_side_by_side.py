@@ -178,16 +178,8 @@ def train_md4(data_path, batches, source, mesh) -> dict:
     input_shape=(BATCH_SIZE, SEQ_LEN),
     schedule_fn=lr_fn,
   )
-  step = jax.pmap(
-    functools.partial(
-      md4_train.train_step,
-      model=model,
-      optimizer=optimizer,
-      train_metrics_class=metrics_class,
-      learning_rate_fn=lr_fn,
-      ema_rate=md4_config.ema_rate,
-    ),
-    axis_name="batch",
+  step = make_md4_golden.pmapped_train_step(
+    md4_train, model, optimizer, metrics_class, lr_fn, md4_config.ema_rate
   )
   replicated = flax.jax_utils.replicate(state, devices=jax.local_devices()[:1])
   start, losses = time.perf_counter(), []

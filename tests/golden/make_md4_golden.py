@@ -128,6 +128,23 @@ def install_stubs() -> list:
   return installed
 
 
+def pmapped_train_step(md4_train, model, optimizer, metrics_class, lr_fn, ema_rate: float):
+  """md4/train.py's train_step under pmap (axis "batch"), as MD4's training loop runs it."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.pmap(
+    functools.partial(
+      md4_train.train_step,
+      model=model,
+      optimizer=optimizer,
+      train_metrics_class=metrics_class,
+      learning_rate_fn=lr_fn,
+      ema_rate=ema_rate,
+    ),
+    axis_name="batch",
+  )
+
+
 def text_batches(path: str, num_steps: int, batch_size: int, seq_len: int, seed: int):
   """[S, B, L] uint8 windows of text8-format text at random offsets: a-z -> 0-25, else 26
   (md4/input_pipeline.py's text8 ids)."""
@@ -222,17 +239,7 @@ def main():
       )
     return stats["loss"], jnp.reshape(seen["t"], (-1,)), seen["zt"] == g.VOCAB_SIZE
 
-  step_fn = jax.pmap(
-    functools.partial(
-      md4_train.train_step,
-      model=model,
-      optimizer=optimizer,
-      train_metrics_class=metrics_class,
-      learning_rate_fn=lr_fn,
-      ema_rate=config.ema_rate,
-    ),
-    axis_name="batch",
-  )
+  step_fn = pmapped_train_step(md4_train, model, optimizer, metrics_class, lr_fn, config.ema_rate)
   batches = text_batches(args.text, g.NUM_STEPS, g.BATCH_SIZE, g.SEQ_LEN, seed=2)
   replicated = flax.jax_utils.replicate(state)
   losses, times, masks = [], [], []
