@@ -15,6 +15,9 @@ Runs:
   preset     md4jax with model.preset=md4 and MD4's schedule (md4linear), endpoint terms,
              optimizer (b2 0.999, no clipping, EMA 0.9999 from step 0) and loss units (bits).
   defaults   md4jax's own defaults at this shape.
+  replay     the preset from MD4's init, with MD4's own draws of t and of the masks at every
+             step (after md4 in the same --runs): MD4's run in md4jax, step for step.
+  md4_init   the preset from MD4's init with md4jax's own draws (after md4).
   init, norm, gate, embedding, time, time_input, output, biases, clip, b2, loss_units,
   schedule   the preset with one choice moved to md4jax's default.
 Every run trains on the same batches (md4jax's pipeline, seed 0) and is scored by md4jax's
@@ -131,22 +134,45 @@ def score(config, model, params, source, mesh) -> dict:
   }
 
 
-def train_md4jax(config, batches, source, mesh, with_ema: bool) -> dict:
+def train_md4jax(config, batches, source, mesh, with_ema: bool, md4_run=None, replay=False):
+  """md4_run (train_md4's record): start from MD4's init; replay: and train on its draws."""
   config_lib.validate_config(config, mesh.devices.size, "cpu")
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
+  if md4_run is not None:
+    params = as_md4jax(md4_run["init"])
+    state = state.replace(
+      params=params,
+      opt_state=optimizer.init(params),
+      ema_params=jax.tree.map(jnp.copy, params),
+    )
   step = jax.jit(
     functools.partial(train.train_step, model=model, optimizer=optimizer, config=config)
   )
   start, losses = time.perf_counter(), []
-  for batch in batches:
-    state, metrics = step(state, batch)
+  for index, batch in enumerate(batches):
+    draws = None
+    if replay:
+      t, masked = md4_run["draws"][index]
+      draws = {"t": jnp.asarray(t), "masked": jnp.asarray(masked)}
+    state, metrics = step(state, batch, draws=draws)
     losses.append(float(metrics["nelbo_bits_per_token"]))
   seconds = time.perf_counter() - start
   scores = {"raw": score(config, model, state.params, source, mesh)}
   if with_ema:
     scores["ema"] = score(config, model, state.ema_params, source, mesh)
-  return {**scores, "train_bits_last50": float(np.mean(losses[-50:])), "train_seconds": seconds}
+  result = {**scores, "train_bits_last50": float(np.mean(losses[-50:])), "train_seconds": seconds}
+  if md4_run is not None:
+    gaps = np.abs(np.asarray(losses) - np.asarray(md4_run["losses"]))
+    result["max_step_gap_to_md4"] = float(gaps.max())  # Bits per token, over every step.
+    result["steps_within_1e-3_of_md4"] = int(np.argmax(np.append(gaps, np.inf) > 1e-3))
+  return result
+
+
+def as_md4jax(md4_params_tree):
+  """MD4's params as md4jax's preset model's."""
+  tree = md4_params.from_md4({"classifier": md4_params_tree["classifier"]}, NUM_HEADS)
+  return jax.tree.map(jnp.asarray, tree)
 
 
 def train_md4(data_path, batches, source, mesh) -> dict:
@@ -181,25 +207,28 @@ def train_md4(data_path, batches, source, mesh) -> dict:
   step = make_md4_golden.pmapped_train_step(
     md4_train, model, optimizer, metrics_class, lr_fn, md4_config.ema_rate
   )
+  read_draws = make_md4_golden.md4_draws_fn(model, config_lib.load_config("text8").data.vocab_size)
+  init = state.params
   replicated = flax.jax_utils.replicate(state, devices=jax.local_devices()[:1])
-  start, losses = time.perf_counter(), []
+  losses, draws, seconds = [], [], 0.0
   for batch in batches:
-    replicated, metrics = step(
-      train_state=replicated, batch={"text": jnp.asarray(batch["tokens"])[None]}
-    )
+    tokens = jnp.asarray(batch["tokens"])
+    current = flax.jax_utils.unreplicate(replicated)
+    _, t, masked = read_draws(current.params, current.rng, tokens)  # Not timed.
+    draws.append((np.asarray(t), np.asarray(masked)))
+    start = time.perf_counter()
+    replicated, metrics = step(train_state=replicated, batch={"text": tokens[None]})
     losses.append(float(flax.jax_utils.unreplicate(metrics)["loss"]))
-  seconds = time.perf_counter() - start
+    seconds += time.perf_counter() - start
   final = flax.jax_utils.unreplicate(replicated)
   config = run_config("preset", data_path)
   model_lib = state_lib.build_model(config)
-  as_md4jax = lambda p: jax.tree.map(
-    jnp.asarray, md4_params.from_md4({"classifier": p["classifier"]}, NUM_HEADS)
-  )
-  return {
+  result = {
     "raw": score(config, model_lib, as_md4jax(final.params), source, mesh),
     "train_bits_last50": float(np.mean(losses[-50:])),
     "train_seconds": seconds,
   }
+  return result, {"init": init, "draws": draws, "losses": losses}
 
 
 def main(argv):
@@ -211,9 +240,17 @@ def main(argv):
   source = sources.make_source(config, workdir)
   iterator = source.train_iterator()
   batches = [next(iterator) for _ in range(_STEPS.value)]
+  md4_run = None
   for name in _RUNS.value:
     if name == "md4":
-      result = train_md4(data_path, batches, source, mesh)
+      result, md4_run = train_md4(data_path, batches, source, mesh)
+    elif name in ("replay", "md4_init"):
+      if md4_run is None:
+        raise app.UsageError(f"--runs: {name} needs md4 before it.")
+      config = run_config("preset", data_path)
+      result = train_md4jax(
+        config, batches, source, mesh, False, md4_run=md4_run, replay=name == "replay"
+      )
     else:
       result = train_md4jax(
         run_config(name, data_path), batches, source, mesh, with_ema=name == "defaults"

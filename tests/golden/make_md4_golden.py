@@ -145,6 +145,41 @@ def pmapped_train_step(md4_train, model, optimizer, metrics_class, lr_fn, ema_ra
   )
 
 
+def md4_draws_fn(model, mask_id: int):
+  """Jitted fn(params, step_rng, x) -> (loss, t [B], masked [B, L]): MD4's loss with the key
+  md4/train.py's train_step derives from its state's rng (one device), and the t and masks it
+  drew (MD4Model.forward_sample intercepted)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  @jax.jit
+  def draws(params, step_rng, x):
+    rng, _ = jax.random.split(step_rng)
+    rng = jax.random.fold_in(rng, 0)  # jax.lax.axis_index("batch") of the one device.
+    rng, sample_rng = jax.random.split(rng)
+    _, dropout_rng = jax.random.split(rng)
+    seen = {}
+
+    def intercept(call, args, kwargs, context):
+      out = call(*args, **kwargs)
+      if context.method_name == "forward_sample":
+        seen["t"], seen["zt"] = args[1], out
+      return out
+
+    with nn.intercept_methods(intercept):
+      stats = model.apply(
+        {"params": params},
+        x,
+        cond=None,
+        train=True,
+        rngs={"sample": sample_rng, "dropout": dropout_rng},
+      )
+    return stats["loss"], jnp.reshape(seen["t"], (-1,)), seen["zt"] == mask_id
+
+  return draws
+
+
 def text_batches(path: str, num_steps: int, batch_size: int, seq_len: int, seed: int):
   """[S, B, L] uint8 windows of text8-format text at random offsets: a-z -> 0-25, else 26
   (md4/input_pipeline.py's text8 ids)."""
@@ -167,7 +202,6 @@ def main():
   sys.path.insert(0, str(pathlib.Path(args.md4_src).resolve()))
 
   import flax.jax_utils  # pylint: disable=import-outside-toplevel
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -214,30 +248,7 @@ def main():
   logits_perturbed = np.asarray(md4_logits(perturbed, z_fixed, t_fixed))
   assert np.abs(logits_perturbed).max() > 0.1
 
-  @jax.jit
-  def draws(params, step_rng, x):
-    """MD4's loss with the key md4/train.py's train_step derives, and the t and z_t it drew."""
-    rng, _ = jax.random.split(step_rng)
-    rng = jax.random.fold_in(rng, 0)  # jax.lax.axis_index("batch") of the one device.
-    rng, sample_rng = jax.random.split(rng)
-    _, dropout_rng = jax.random.split(rng)
-    seen = {}
-
-    def intercept(call, args, kwargs, context):
-      out = call(*args, **kwargs)
-      if context.method_name == "forward_sample":
-        seen["t"], seen["zt"] = args[1], out
-      return out
-
-    with nn.intercept_methods(intercept):
-      stats = model.apply(
-        {"params": params},
-        x,
-        cond=None,
-        train=True,
-        rngs={"sample": sample_rng, "dropout": dropout_rng},
-      )
-    return stats["loss"], jnp.reshape(seen["t"], (-1,)), seen["zt"] == g.VOCAB_SIZE
+  draws = md4_draws_fn(model, g.VOCAB_SIZE)
 
   step_fn = pmapped_train_step(md4_train, model, optimizer, metrics_class, lr_fn, config.ema_rate)
   batches = text_batches(args.text, g.NUM_STEPS, g.BATCH_SIZE, g.SEQ_LEN, seed=2)
