@@ -1,8 +1,8 @@
-"""The config structure shared by every `configs/*.py`, and its validation.
+"""The config structure shared by every `configs/*.py`; its validation is re-exported.
 
 `base_config()` declares every key once, with what it means; a config file
-overrides values only. `validate_config` holds all checks, so a bad value fails
-before any compilation, with a message naming the key.
+overrides values only. `validate_config` (md4jax.config_validation) holds all
+checks, so a bad value fails before any compilation, with a message naming the key.
 
 model.preset names a set of model keys and their values ("md4": MD4's text
 network, docs/md4_parity.md). `resolve_preset` sets them when a run starts (every
@@ -22,21 +22,15 @@ from typing import Iterable
 
 import ml_collections
 
-from md4jax.diffusion import bounds, genmd4, schedules
-from md4jax.model import transformer as model_lib
-from md4jax.runtime import sharding
-from md4jax.sampling import samplers
-
-DATASETS = ("markov", "text8", "localtext", "conditional", "lm1b", "owt")
-TOKENIZERS = ("char", "byte", "bpe")
-PACKINGS = ("concat", "documents")
-MODEL_TYPES = ("mdm", "ar")
-TIME_CONDITIONINGS = ("none", "adaln")
-PRESETS = ("none", "md4")
-LOSS_UNITS = ("nats", "bits")
-DTYPES = ("float32", "bfloat16")
-# text8: lowercase a-z and space, one id per character.
-TEXT8_VOCAB_SIZE = 27
+from md4jax.config_validation import validate_config  # noqa: F401 (re-exported)
+from md4jax.config_values import (  # noqa: F401 (md4_mlp_dim, parse_list: re-exported)
+  check,
+  key_value,
+  md4_mlp_dim,
+  parse_list,
+  preset_values,
+)
+from md4jax.diffusion import schedules
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -50,11 +44,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 100  # Steps between metrics.jsonl records and progress lines.
   config.eval_every_steps = 1000  # Steps between evaluations, each the headline bound only (the other bounds, discrete-T table and profile: the final one, after the last step).
   config.checkpoint_every_steps = 500  # Steps between checkpoints; the last step always saves.
-  # Faster CPU steps (default: 15%, eval 34%; 6 layers/384: 11%) for memory: the heap grows by a few
-  # temporaries' worth first (6 layers/384: resident 2.3 -> 6.7 GB): see md4jax.runtime.allocator.
+  # Faster CPU steps for memory: the heap grows by a few temporaries' worth first; see
+  # md4jax.runtime.allocator (figures: docs/performance.md, "Host memory").
   config.reuse_freed_host_memory = False  # CPU, glibc: one malloc arena that never unmaps, so temporaries reuse pages.
   # A small model's step is hundreds of small ops that 2 cores share poorly; a device per core
-  # runs its half of the batch whole (default: 1.4x the steps per second of one device).
+  # runs its half of the batch whole (figures: docs/performance.md, "CPU devices").
   config.cpu_devices = 0  # CPU runs: JAX devices the host is split into, for data parallelism over its cores; 0 = one.
 
   config.data = ml_collections.ConfigDict()
@@ -232,7 +226,7 @@ def resume_changes(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   )
   for name in CHECKPOINT_KEYS:
     old = saved_value(name)
-    new = _value(config, name)
+    new = key_value(config, name)
     if old != {} and old != new:  # {}: a key older checkpoints did not have.
       changes.append(f"{name}: {old!r} → {new!r}")
   # A learned schedule's θ is in the checkpoint: switching to, from or between them changes it.
@@ -254,46 +248,6 @@ def check_resume(saved: dict, config: ml_collections.ConfigDict, where):
     )
 
 
-def _value(config, name: str):
-  """The value of a dotted key such as "eval.discrete_steps"."""
-  return functools.reduce(getattr, name.split("."), config)
-
-
-def md4_mlp_dim(model_dim: int) -> int:
-  """MD4's MLP width for a model width D: 2/3 of 4 D, rounded up to a multiple of 32."""
-  return -(-(8 * model_dim // 3) // 32) * 32
-
-
-def preset_values(config: ml_collections.ConfigDict) -> dict:
-  """{model key: value} that config.model.preset sets, for this config's widths ({} for "none").
-
-  "md4": MD4's text network (google-deepmind/md4, md4/networks/transformer.py with
-  md4/configs/md4/text8.py's choices), whose per-head width is also its token-embedding
-  and time-embedding width.
-  """
-  model = config.model
-  _check_choice(model.preset, "model.preset", PRESETS)
-  if model.preset == "none":
-    return {}
-  head_dim = model.model_dim // model.num_heads
-  return {
-    "time_conditioning": "adaln",
-    "time_input": "t",
-    "time_features": "ddpm",
-    "time_dim": head_dim,
-    "time_hidden_dim": 4 * head_dim,
-    "adaln_activation": "sigmoid",
-    "weight_init": "fan_in_mlp_depth",
-    "norm": "layer",
-    "norm_eps": 1e-5,
-    "biases": True,
-    "mlp": "sigmoid_glu",
-    "mlp_dim": md4_mlp_dim(model.model_dim),
-    "embed_dim": head_dim,
-    "output_init": "zeros",
-  }
-
-
 def resolve_preset(
   config: ml_collections.ConfigDict, explicit: Iterable[str] = ()
 ) -> ml_collections.ConfigDict:
@@ -306,7 +260,7 @@ def resolve_preset(
   values = preset_values(config)
   if not values:
     return config
-  _check(
+  check(
     config.model.type == "mdm",
     f"model.preset={config.model.preset!r} is a diffusion denoiser; model.type must be 'mdm', "
     f"got {config.model.type!r}.",
@@ -316,7 +270,7 @@ def resolve_preset(
   for key, value in values.items():
     current = config.model[key]
     free = current == base[key] and f"model.{key}" not in explicit
-    _check(
+    check(
       free or current == value,
       f"model.preset={config.model.preset!r} sets model.{key}={value!r}, but the config sets "
       f"{current!r}: a preset owns its keys (set it to {value!r}, or leave it at its base "
@@ -325,401 +279,3 @@ def resolve_preset(
     )
     resolved.model[key] = value
   return resolved
-
-
-def parse_list(text: str, kind=int) -> tuple:
-  """The comma-separated values of a config string, converted by `kind` ("" = none)."""
-  return tuple(kind(part) for part in text.split(",") if part.strip())
-
-
-OR_EMPTY = ' (or "" for none)'
-
-
-def _check_list(config, name: str, kind, allow_empty: bool, is_valid, what: str):
-  """A comma-separated list key: parses, values valid and distinct."""
-  text = _value(config, name)
-  try:
-    values = parse_list(text, kind) if isinstance(text, str) else None
-  except ValueError:
-    values = None
-  _check(
-    values is not None
-    and (values or allow_empty)
-    and all(map(is_valid, values))
-    and len(set(values)) == len(values),
-    f"{name} must be distinct {what} separated by commas{OR_EMPTY if allow_empty else ''}, "
-    f"got {text!r}.",
-  )
-  return values
-
-
-def _check(condition: bool, message: str):
-  if not condition:
-    raise ValueError(f"Invalid config: {message}")
-
-
-def _check_positive_int(config, name: str):
-  value = _value(config, name)
-  _check(
-    isinstance(value, int) and not isinstance(value, bool) and value > 0,
-    f"{name} must be a positive integer, got {value!r}.",
-  )
-
-
-def _check_choice(value, name: str, choices):
-  _check(value in choices, f"{name}={value!r} is unknown; valid: {', '.join(choices)}.")
-
-
-def _validate_parallelism(config: ml_collections.ConfigDict, num_devices: int, platform: str):
-  """The mesh fits the devices and splits the batch, the model and the attention backend fit it."""
-  for name in sharding.MESH_AXES:
-    value = config.mesh[name]
-    _check(
-      type(value) is int and (value > 0 or value == -1),  # pylint: disable=unidiomatic-typecheck  (not bool)
-      f"mesh.{name} must be a positive integer or -1 (the remaining devices), got {value!r}.",
-    )
-  data, fsdp, tensor = sharding.mesh_shape(config.mesh, num_devices)
-  model, batch_shards = config.model, data * fsdp
-  accum = config.training.grad_accum_steps
-  _check(
-    type(accum) is int and accum >= 1,  # pylint: disable=unidiomatic-typecheck  (not bool)
-    f"training.grad_accum_steps must be an integer >= 1, got {accum!r}.",
-  )
-  _check(
-    config.batch_size % (accum * batch_shards) == 0,
-    f"batch_size={config.batch_size} must split into training.grad_accum_steps={accum} "
-    f"microbatches of rows divisible by mesh.data × mesh.fsdp = {batch_shards}.",
-  )
-  _check(
-    config.eval.batch_size % batch_shards == 0,
-    f"eval.batch_size={config.eval.batch_size} is not divisible by mesh.data × mesh.fsdp = "
-    f"{batch_shards}, the devices its rows are split over.",
-  )
-  _check(
-    model.model_dim % fsdp == 0,
-    f"model.model_dim={model.model_dim} is not divisible by mesh.fsdp={fsdp}, which shards it.",
-  )
-  for name in ("num_heads", "mlp_dim"):
-    _check(
-      model[name] % tensor == 0,
-      f"model.{name}={model[name]} is not divisible by mesh.tensor={tensor}, which splits it.",
-    )
-  _check_choice(model.attention, "model.attention", model_lib.ATTENTIONS)
-  _check_choice(model.remat, "model.remat", model_lib.REMATS)
-  _check_choice(model.norm, "model.norm", model_lib.NORMS)
-  _check_choice(model.mlp, "model.mlp", model_lib.MLPS)
-  _check_choice(model.output_init, "model.output_init", model_lib.OUTPUT_INITS)
-  _check_choice(model.weight_init, "model.weight_init", model_lib.WEIGHT_INITS)
-  _check_choice(model.time_input, "model.time_input", bounds.TIME_INPUTS)
-  _check_choice(model.time_features, "model.time_features", model_lib.TIME_FEATURES)
-  _check_choice(model.adaln_activation, "model.adaln_activation", model_lib.ADALN_ACTIVATIONS)
-  _check(
-    isinstance(model.norm_eps, float) and model.norm_eps > 0,
-    f"model.norm_eps must be a float > 0, got {model.norm_eps!r}.",
-  )
-  _check(
-    isinstance(model.biases, bool), f"model.biases must be true or false, got {model.biases!r}."
-  )
-  for name in ("time_dim", "time_hidden_dim"):
-    _check(
-      type(model[name]) is int and model[name] >= 0,  # pylint: disable=unidiomatic-typecheck
-      f"model.{name} must be an integer >= 0 (0: the default width), got {model[name]!r}.",
-    )
-  _check(
-    model.time_features != "ddpm" or (model.time_dim or model.model_dim) >= 4,
-    f"model.time_features='ddpm' needs a time width (model.time_dim, 0: model_dim) >= 4, "
-    f"got {model.time_dim or model.model_dim}.",
-  )
-  _check(
-    type(model.embed_dim) is int and model.embed_dim >= 0,  # pylint: disable=unidiomatic-typecheck
-    f"model.embed_dim must be an integer >= 0 (0: model_dim), got {model.embed_dim!r}.",
-  )
-  _check(
-    isinstance(model.scan_layers, bool),
-    f"model.scan_layers must be true or false, got {model.scan_layers!r}.",
-  )
-  head_dim = model.model_dim // model.num_heads
-  if model.attention == "cudnn":
-    _check(
-      platform in ("gpu", "cuda"),
-      f"model.attention='cudnn' runs on NVIDIA GPUs only; this run's devices are {platform!r}: "
-      "use 'xla'.",
-    )
-    _check(
-      model.dtype == "bfloat16",
-      f"model.attention='cudnn' (flash attention) needs model.dtype='bfloat16', got {model.dtype!r}.",
-    )
-    _check(
-      head_dim % 8 == 0 and head_dim <= 128,
-      f"model.attention='cudnn' needs a head dim (model_dim / num_heads) that is a multiple of 8 "
-      f"and at most 128, got {head_dim}.",
-    )
-  if model.attention == "splash":
-    _check(
-      platform == "tpu",
-      f"model.attention='splash' is a TPU kernel; this run's devices are {platform!r}: use 'xla'.",
-    )
-    _check(
-      config.data.seq_len % 128 == 0,
-      f"model.attention='splash' needs data.seq_len divisible by 128, got {config.data.seq_len}.",
-    )
-
-
-def validate_config(config: ml_collections.ConfigDict, num_devices: int, platform: str = "cpu"):
-  """Raises ValueError naming the key for any invalid or inconsistent value.
-
-  num_devices and platform ("cpu", "gpu", "tpu") are those of the mesh the run uses.
-  """
-  for name in (
-    "num_train_steps",
-    "log_every_steps",
-    "eval_every_steps",
-    "checkpoint_every_steps",
-    "batch_size",
-    "data.seq_len",
-    "data.vocab_size",
-    "model.num_layers",
-    "model.model_dim",
-    "model.num_heads",
-    "model.mlp_dim",
-    "training.max_checkpoints_to_keep",
-    "eval.num_sequences",
-    "eval.num_mc_samples",
-    "eval.num_discrete_draws",
-    "eval.batch_size",
-    "sample.num_steps",
-  ):
-    _check_positive_int(config, name)
-  _validate_parallelism(config, num_devices, platform)
-  _check(
-    isinstance(config.reuse_freed_host_memory, bool),
-    f"reuse_freed_host_memory must be True or False, got {config.reuse_freed_host_memory!r}.",
-  )
-  _check(
-    type(config.cpu_devices) is int and config.cpu_devices >= 0,
-    f"cpu_devices must be an integer >= 0 (0 = one device), got {config.cpu_devices!r}.",
-  )
-
-  data = config.data
-  _check_choice(data.dataset, "data.dataset", DATASETS)
-  _check(data.seq_len >= 2, f"data.seq_len must be >= 2, got {data.seq_len}.")
-  _check(data.vocab_size >= 2, f"data.vocab_size must be >= 2, got {data.vocab_size}.")
-  if data.dataset == "text8":
-    # The mask id is vocab_size: it must be the first id past the data's ids, neither
-    # one of them (a masked token would read as a character) nor leave a gap.
-    _check(
-      data.vocab_size == TEXT8_VOCAB_SIZE,
-      f"data.vocab_size={data.vocab_size} does not match text8's {TEXT8_VOCAB_SIZE} ids: "
-      f"the mask id (= vocab_size) must be {TEXT8_VOCAB_SIZE}, one past the last data id.",
-    )
-  if data.dataset == "markov":
-    _check(data.concentration > 0, f"data.concentration must be > 0, got {data.concentration}.")
-  else:
-    _check(
-      bool(data.path) or data.dataset in ("lm1b", "owt"),
-      f"data.path must name a local file or folder when data.dataset={data.dataset!r}.",
-    )
-    _check_choice(data.tokenizer, "data.tokenizer", TOKENIZERS)
-    _check_choice(data.packing, "data.packing", PACKINGS)
-    _check(
-      isinstance(data.worker_count, int) and data.worker_count >= 0,
-      f"data.worker_count must be an integer >= 0, got {data.worker_count!r}.",
-    )
-    _check(
-      data.bpe_vocab_size >= 258 or data.tokenizer != "bpe",
-      f"data.bpe_vocab_size must be >= 258 (256 bytes, EOS and a merge), got {data.bpe_vocab_size}.",
-    )
-  if data.dataset == "conditional":
-    for name in ("prompt_field", "response_field"):
-      _check(
-        isinstance(data[name], str) and bool(data[name]),
-        f"data.{name} must name a JSONL field, got {data[name]!r}.",
-      )
-    _check(
-      data.prompt_field != data.response_field,
-      f"data.prompt_field and data.response_field are both {data.prompt_field!r}.",
-    )
-
-  model = config.model
-  _check_choice(model.type, "model.type", MODEL_TYPES)
-  _check_choice(model.time_conditioning, "model.time_conditioning", TIME_CONDITIONINGS)
-  for key, value in preset_values(config).items():
-    _check(
-      model[key] == value,
-      f"model.preset={model.preset!r} sets model.{key}={value!r}, but the config holds "
-      f"{model[key]!r}: resolve the preset first (config_lib.resolve_preset; every mode does).",
-    )
-  _check_choice(model.dtype, "model.dtype", DTYPES)
-  _check(
-    model.model_dim % model.num_heads == 0 and (model.model_dim // model.num_heads) % 2 == 0,
-    f"model.model_dim={model.model_dim} / model.num_heads={model.num_heads} must be an even "
-    "integer head dim (RoPE rotates pairs).",
-  )
-  _check(
-    model.type == "mdm" or model.time_conditioning == "none",
-    "model.time_conditioning must be 'none' for model.type='ar' (it has no diffusion time).",
-  )
-
-  diff = config.diffusion
-  if diff.schedule in schedules.LEARNED_NAMES:
-    _check(model.type == "mdm", f"diffusion.schedule={diff.schedule!r} is for mdm models.")
-    _check(
-      model.time_conditioning != "none",
-      f"diffusion.schedule={diff.schedule!r} masks each token value at its own rate, so the "
-      "posterior depends on t: it needs a time-conditioned denoiser (model.time_conditioning="
-      "'adaln'), not a time-free one.",
-    )
-    _check(
-      diff.exponent_init > 0, f"diffusion.exponent_init must be > 0, got {diff.exponent_init}."
-    )
-    _check(
-      diff.exponent_learning_rate >= 0,
-      f"diffusion.exponent_learning_rate must be >= 0, got {diff.exponent_learning_rate}.",
-    )
-    _check_choice(diff.exponent_gradient, "diffusion.exponent_gradient", genmd4.GRADIENTS)
-    _check(
-      0 <= diff.reconstruction_time < 1,
-      f"diffusion.reconstruction_time must be in [0, 1), got {diff.reconstruction_time}.",
-    )
-    for name in ("training.estimator", "eval.estimator"):
-      _check(
-        _value(config, name) == "standard",
-        f"{name}={_value(config, name)!r}: a learned (state-dependent) schedule has its own "
-        "bound; set it to 'standard'.",
-      )
-    _check(
-      config.sample.method == "ancestral",
-      f"sample.method={config.sample.method!r}: a learned schedule samples with 'ancestral' only.",
-    )
-    _check(
-      set(parse_list(config.frontier.methods, str.strip)) <= {"ancestral"},
-      "frontier.methods: a learned schedule samples with 'ancestral' only.",
-    )
-  else:
-    try:
-      schedules.get_schedule(diff.schedule)
-    except ValueError as e:
-      raise ValueError(
-        f"Invalid config: diffusion.schedule: {e} Learned: {', '.join(schedules.LEARNED_NAMES)}."
-      ) from None
-  _check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
-  _check_choice(config.training.estimator, "training.estimator", bounds.ESTIMATORS)
-  _check_choice(config.training.loss_units, "training.loss_units", LOSS_UNITS)
-  _check_choice(config.eval.estimator, "eval.estimator", bounds.ESTIMATORS)
-  _check_list(
-    config,
-    "eval.discrete_steps",
-    int,
-    True,
-    lambda t: t > 0,
-    'positive integers (e.g. "10,50,1000")',
-  )
-  _check(
-    type(config.eval.profile_bins) is int and config.eval.profile_bins >= 0,  # pylint: disable=unidiomatic-typecheck  (not bool)
-    f"eval.profile_bins must be an integer >= 0 (0: off), got {config.eval.profile_bins!r}.",
-  )
-  _check(
-    isinstance(config.eval.judge_workdir, str),
-    f'eval.judge_workdir must be a path string ("": off), got {config.eval.judge_workdir!r}.',
-  )
-
-  opt = config.optimizer
-  _check(opt.learning_rate > 0, f"optimizer.learning_rate must be > 0, got {opt.learning_rate}.")
-  _check(
-    isinstance(opt.warmup_steps, int) and 0 <= opt.warmup_steps < config.num_train_steps,
-    f"optimizer.warmup_steps must be an integer in [0, num_train_steps={config.num_train_steps}), "
-    f"got {opt.warmup_steps!r}.",
-  )
-  _check(opt.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {opt.weight_decay}.")
-  _check(
-    opt.grad_clip_norm >= 0,
-    f"optimizer.grad_clip_norm must be >= 0 (0: no clipping), got {opt.grad_clip_norm}.",
-  )
-  _check(
-    isinstance(opt.ema_warmup, bool),
-    f"optimizer.ema_warmup must be true or false, got {opt.ema_warmup!r}.",
-  )
-  for name in ("b1", "b2", "ema_decay"):
-    _check(0 <= opt[name] < 1, f"optimizer.{name} must be in [0, 1), got {opt[name]}.")
-
-  _check(
-    isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
-    f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.",
-  )
-  _check_choice(config.sample.method, "sample.method", samplers.METHODS)
-  _check(
-    config.sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
-    f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
-    "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.",
-  )
-  _check(
-    0 <= config.sample.threshold <= 1,
-    f"sample.threshold must be in [0, 1], got {config.sample.threshold}.",
-  )
-  _check_choice(config.sample.remask, "sample.remask", samplers.REMASKS)
-  _check(
-    0 <= config.sample.remask_eta <= 1,
-    f"sample.remask_eta must be in [0, 1], got {config.sample.remask_eta}.",
-  )
-  _check(
-    isinstance(config.sample.remask_loop, int) and config.sample.remask_loop >= 0,
-    f"sample.remask_loop must be an integer >= 0, got {config.sample.remask_loop!r}.",
-  )
-  _check(
-    0 < config.sample.remask_loop_alpha < 1,
-    f"sample.remask_loop_alpha must be in (0, 1), got {config.sample.remask_loop_alpha}.",
-  )
-  _check(
-    config.sample.guidance_scale >= 0,
-    f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.",
-  )
-  _check(
-    config.sample.guidance_scale == 0 or config.sample.prompt,
-    "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
-    "masked.",
-  )
-  sample = config.sample
-  _check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
-  _check(
-    isinstance(sample.top_k, int) and sample.top_k >= 0,
-    f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.",
-  )
-  _check(0 < sample.top_p <= 1, f"sample.top_p must be in (0, 1] (1: off), got {sample.top_p}.")
-  for name in ("length", "block_length"):
-    _check(
-      isinstance(sample[name], int) and sample[name] >= 0,
-      f"sample.{name} must be an integer >= 0 (0: default), got {sample[name]!r}.",
-    )
-  _check(
-    sample.block_length <= data.seq_len,
-    f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.",
-  )
-  methods = _check_list(
-    config,
-    "frontier.methods",
-    str.strip,
-    False,
-    lambda m: m in samplers.METHODS,
-    f"samplers (each one of {', '.join(samplers.METHODS)})",
-  )
-  for method in set(methods) & set(samplers.TIME_FREE_METHODS):
-    _check(
-      model.time_conditioning == "none",
-      f"frontier.methods has {method!r}, which needs model.time_conditioning='none'.",
-    )
-  _check_list(
-    config, "frontier.thresholds", float, False, lambda t: 0 < t <= 1, "thresholds in (0, 1]"
-  )
-  _check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
-  _check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
-  for name in ("frontier.num_samples", "eval.num_judged_samples"):
-    value = _value(config, name)
-    _check(
-      type(value) is int and value >= 2,  # pylint: disable=unidiomatic-typecheck  (not bool)
-      f"{name} must be an integer >= 2 (its standard error is over samples), got {value!r}.",
-    )
-  _check(
-    model.type == "mdm" or sample.length <= data.seq_len,
-    f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
-    "the ar baseline samples up to its context.",
-  )

@@ -1,0 +1,446 @@
+"""validate_config: every check of a config's values, one validator per config section.
+
+A bad value fails before any compilation, with a message naming the key. The validators run in
+one fixed order, so of several bad values the same one is reported every time.
+"""
+
+import ml_collections
+
+from md4jax.config_values import (
+  DATASETS,
+  DTYPES,
+  LOSS_UNITS,
+  MODEL_TYPES,
+  PACKINGS,
+  TEXT8_VOCAB_SIZE,
+  TIME_CONDITIONINGS,
+  TOKENIZERS,
+  check,
+  check_choice,
+  check_list,
+  check_positive_int,
+  key_value,
+  parse_list,
+  preset_values,
+)
+from md4jax.diffusion import bounds, genmd4, schedules
+from md4jax.model import transformer as model_lib
+from md4jax.runtime import sharding
+from md4jax.sampling import samplers
+
+
+def validate_config(config: ml_collections.ConfigDict, num_devices: int, platform: str = "cpu"):
+  """Raises ValueError naming the key for any invalid or inconsistent value.
+
+  num_devices and platform ("cpu", "gpu", "tpu") are those of the mesh the run uses.
+  """
+  _validate_counts(config)
+  _validate_mesh(config, num_devices)
+  _validate_network(config.model)
+  _validate_attention(config, platform)
+  _validate_host(config)
+  _validate_data(config.data)
+  _validate_model(config)
+  _validate_diffusion(config)
+  _validate_training(config.training)
+  _validate_eval(config)
+  _validate_optimizer(config)
+  _validate_sample(config)
+  _validate_frontier(config)
+  _validate_ar_length(config)
+
+
+def _validate_counts(config: ml_collections.ConfigDict):
+  """The keys of every section that count something: positive integers."""
+  for name in (
+    "num_train_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "checkpoint_every_steps",
+    "batch_size",
+    "data.seq_len",
+    "data.vocab_size",
+    "model.num_layers",
+    "model.model_dim",
+    "model.num_heads",
+    "model.mlp_dim",
+    "training.max_checkpoints_to_keep",
+    "eval.num_sequences",
+    "eval.num_mc_samples",
+    "eval.num_discrete_draws",
+    "eval.batch_size",
+    "sample.num_steps",
+  ):
+    check_positive_int(config, name)
+
+
+def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int):
+  """The mesh fits the devices and splits the batch, the eval batch and the model's widths."""
+  for name in sharding.MESH_AXES:
+    value = config.mesh[name]
+    check(
+      type(value) is int and (value > 0 or value == -1),  # pylint: disable=unidiomatic-typecheck  (not bool)
+      f"mesh.{name} must be a positive integer or -1 (the remaining devices), got {value!r}.",
+    )
+  data, fsdp, tensor = sharding.mesh_shape(config.mesh, num_devices)
+  model, batch_shards = config.model, data * fsdp
+  accum = config.training.grad_accum_steps
+  check(
+    type(accum) is int and accum >= 1,  # pylint: disable=unidiomatic-typecheck  (not bool)
+    f"training.grad_accum_steps must be an integer >= 1, got {accum!r}.",
+  )
+  check(
+    config.batch_size % (accum * batch_shards) == 0,
+    f"batch_size={config.batch_size} must split into training.grad_accum_steps={accum} "
+    f"microbatches of rows divisible by mesh.data × mesh.fsdp = {batch_shards}.",
+  )
+  check(
+    config.eval.batch_size % batch_shards == 0,
+    f"eval.batch_size={config.eval.batch_size} is not divisible by mesh.data × mesh.fsdp = "
+    f"{batch_shards}, the devices its rows are split over.",
+  )
+  check(
+    model.model_dim % fsdp == 0,
+    f"model.model_dim={model.model_dim} is not divisible by mesh.fsdp={fsdp}, which shards it.",
+  )
+  for name in ("num_heads", "mlp_dim"):
+    check(
+      model[name] % tensor == 0,
+      f"model.{name}={model[name]} is not divisible by mesh.tensor={tensor}, which splits it.",
+    )
+
+
+def _validate_network(model: ml_collections.ConfigDict):
+  """The network's choices (md4jax.model.transformer) and its optional widths."""
+  check_choice(model.attention, "model.attention", model_lib.ATTENTIONS)
+  check_choice(model.remat, "model.remat", model_lib.REMATS)
+  check_choice(model.norm, "model.norm", model_lib.NORMS)
+  check_choice(model.mlp, "model.mlp", model_lib.MLPS)
+  check_choice(model.output_init, "model.output_init", model_lib.OUTPUT_INITS)
+  check_choice(model.weight_init, "model.weight_init", model_lib.WEIGHT_INITS)
+  check_choice(model.time_input, "model.time_input", bounds.TIME_INPUTS)
+  check_choice(model.time_features, "model.time_features", model_lib.TIME_FEATURES)
+  check_choice(model.adaln_activation, "model.adaln_activation", model_lib.ADALN_ACTIVATIONS)
+  check(
+    isinstance(model.norm_eps, float) and model.norm_eps > 0,
+    f"model.norm_eps must be a float > 0, got {model.norm_eps!r}.",
+  )
+  check(
+    isinstance(model.biases, bool), f"model.biases must be true or false, got {model.biases!r}."
+  )
+  for name in ("time_dim", "time_hidden_dim"):
+    check(
+      type(model[name]) is int and model[name] >= 0,  # pylint: disable=unidiomatic-typecheck
+      f"model.{name} must be an integer >= 0 (0: the default width), got {model[name]!r}.",
+    )
+  check(
+    model.time_features != "ddpm" or (model.time_dim or model.model_dim) >= 4,
+    f"model.time_features='ddpm' needs a time width (model.time_dim, 0: model_dim) >= 4, "
+    f"got {model.time_dim or model.model_dim}.",
+  )
+  check(
+    type(model.embed_dim) is int and model.embed_dim >= 0,  # pylint: disable=unidiomatic-typecheck
+    f"model.embed_dim must be an integer >= 0 (0: model_dim), got {model.embed_dim!r}.",
+  )
+  check(
+    isinstance(model.scan_layers, bool),
+    f"model.scan_layers must be true or false, got {model.scan_layers!r}.",
+  )
+
+
+def _validate_attention(config: ml_collections.ConfigDict, platform: str):
+  """The attention backend runs on this platform, with this dtype and these shapes."""
+  model = config.model
+  head_dim = model.model_dim // model.num_heads
+  if model.attention == "cudnn":
+    check(
+      platform in ("gpu", "cuda"),
+      f"model.attention='cudnn' runs on NVIDIA GPUs only; this run's devices are {platform!r}: "
+      "use 'xla'.",
+    )
+    check(
+      model.dtype == "bfloat16",
+      f"model.attention='cudnn' (flash attention) needs model.dtype='bfloat16', got {model.dtype!r}.",
+    )
+    check(
+      head_dim % 8 == 0 and head_dim <= 128,
+      f"model.attention='cudnn' needs a head dim (model_dim / num_heads) that is a multiple of 8 "
+      f"and at most 128, got {head_dim}.",
+    )
+  if model.attention == "splash":
+    check(
+      platform == "tpu",
+      f"model.attention='splash' is a TPU kernel; this run's devices are {platform!r}: use 'xla'.",
+    )
+    check(
+      config.data.seq_len % 128 == 0,
+      f"model.attention='splash' needs data.seq_len divisible by 128, got {config.data.seq_len}.",
+    )
+
+
+def _validate_host(config: ml_collections.ConfigDict):
+  """The CPU host's settings (md4jax.runtime.allocator, cpu_devices)."""
+  check(
+    isinstance(config.reuse_freed_host_memory, bool),
+    f"reuse_freed_host_memory must be True or False, got {config.reuse_freed_host_memory!r}.",
+  )
+  check(
+    type(config.cpu_devices) is int and config.cpu_devices >= 0,
+    f"cpu_devices must be an integer >= 0 (0 = one device), got {config.cpu_devices!r}.",
+  )
+
+
+def _validate_data(data: ml_collections.ConfigDict):
+  """config.data: the dataset, its sizes, and the keys of markov, text or conditional data."""
+  check_choice(data.dataset, "data.dataset", DATASETS)
+  check(data.seq_len >= 2, f"data.seq_len must be >= 2, got {data.seq_len}.")
+  check(data.vocab_size >= 2, f"data.vocab_size must be >= 2, got {data.vocab_size}.")
+  if data.dataset == "text8":
+    # The mask id is vocab_size: it must be the first id past the data's ids, neither
+    # one of them (a masked token would read as a character) nor leave a gap.
+    check(
+      data.vocab_size == TEXT8_VOCAB_SIZE,
+      f"data.vocab_size={data.vocab_size} does not match text8's {TEXT8_VOCAB_SIZE} ids: "
+      f"the mask id (= vocab_size) must be {TEXT8_VOCAB_SIZE}, one past the last data id.",
+    )
+  if data.dataset == "markov":
+    check(data.concentration > 0, f"data.concentration must be > 0, got {data.concentration}.")
+  else:
+    check(
+      bool(data.path) or data.dataset in ("lm1b", "owt"),
+      f"data.path must name a local file or folder when data.dataset={data.dataset!r}.",
+    )
+    check_choice(data.tokenizer, "data.tokenizer", TOKENIZERS)
+    check_choice(data.packing, "data.packing", PACKINGS)
+    check(
+      isinstance(data.worker_count, int) and data.worker_count >= 0,
+      f"data.worker_count must be an integer >= 0, got {data.worker_count!r}.",
+    )
+    check(
+      data.bpe_vocab_size >= 258 or data.tokenizer != "bpe",
+      f"data.bpe_vocab_size must be >= 258 (256 bytes, EOS and a merge), got {data.bpe_vocab_size}.",
+    )
+  if data.dataset == "conditional":
+    for name in ("prompt_field", "response_field"):
+      check(
+        isinstance(data[name], str) and bool(data[name]),
+        f"data.{name} must name a JSONL field, got {data[name]!r}.",
+      )
+    check(
+      data.prompt_field != data.response_field,
+      f"data.prompt_field and data.response_field are both {data.prompt_field!r}.",
+    )
+
+
+def _validate_model(config: ml_collections.ConfigDict):
+  """config.model: its type, time conditioning, resolved preset, dtype and head dim."""
+  model = config.model
+  check_choice(model.type, "model.type", MODEL_TYPES)
+  check_choice(model.time_conditioning, "model.time_conditioning", TIME_CONDITIONINGS)
+  for key, value in preset_values(config).items():
+    check(
+      model[key] == value,
+      f"model.preset={model.preset!r} sets model.{key}={value!r}, but the config holds "
+      f"{model[key]!r}: resolve the preset first (config_lib.resolve_preset; every mode does).",
+    )
+  check_choice(model.dtype, "model.dtype", DTYPES)
+  check(
+    model.model_dim % model.num_heads == 0 and (model.model_dim // model.num_heads) % 2 == 0,
+    f"model.model_dim={model.model_dim} / model.num_heads={model.num_heads} must be an even "
+    "integer head dim (RoPE rotates pairs).",
+  )
+  check(
+    model.type == "mdm" or model.time_conditioning == "none",
+    "model.time_conditioning must be 'none' for model.type='ar' (it has no diffusion time).",
+  )
+
+
+def _validate_diffusion(config: ml_collections.ConfigDict):
+  """config.diffusion: the schedule, and what a learned one rules out in other sections."""
+  model = config.model
+  diff = config.diffusion
+  if diff.schedule in schedules.LEARNED_NAMES:
+    check(model.type == "mdm", f"diffusion.schedule={diff.schedule!r} is for mdm models.")
+    check(
+      model.time_conditioning != "none",
+      f"diffusion.schedule={diff.schedule!r} masks each token value at its own rate, so the "
+      "posterior depends on t: it needs a time-conditioned denoiser (model.time_conditioning="
+      "'adaln'), not a time-free one.",
+    )
+    check(diff.exponent_init > 0, f"diffusion.exponent_init must be > 0, got {diff.exponent_init}.")
+    check(
+      diff.exponent_learning_rate >= 0,
+      f"diffusion.exponent_learning_rate must be >= 0, got {diff.exponent_learning_rate}.",
+    )
+    check_choice(diff.exponent_gradient, "diffusion.exponent_gradient", genmd4.GRADIENTS)
+    check(
+      0 <= diff.reconstruction_time < 1,
+      f"diffusion.reconstruction_time must be in [0, 1), got {diff.reconstruction_time}.",
+    )
+    for name in ("training.estimator", "eval.estimator"):
+      check(
+        key_value(config, name) == "standard",
+        f"{name}={key_value(config, name)!r}: a learned (state-dependent) schedule has its own "
+        "bound; set it to 'standard'.",
+      )
+    check(
+      config.sample.method == "ancestral",
+      f"sample.method={config.sample.method!r}: a learned schedule samples with 'ancestral' only.",
+    )
+    check(
+      set(parse_list(config.frontier.methods, str.strip)) <= {"ancestral"},
+      "frontier.methods: a learned schedule samples with 'ancestral' only.",
+    )
+  else:
+    try:
+      schedules.get_schedule(diff.schedule)
+    except ValueError as e:
+      raise ValueError(
+        f"Invalid config: diffusion.schedule: {e} Learned: {', '.join(schedules.LEARNED_NAMES)}."
+      ) from None
+  check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
+
+
+def _validate_training(training: ml_collections.ConfigDict):
+  """config.training's choices (grad_accum_steps is checked with the mesh)."""
+  check_choice(training.estimator, "training.estimator", bounds.ESTIMATORS)
+  check_choice(training.loss_units, "training.loss_units", LOSS_UNITS)
+
+
+def _validate_eval(config: ml_collections.ConfigDict):
+  """config.eval's estimator, discrete steps, profile bins and judge."""
+  check_choice(config.eval.estimator, "eval.estimator", bounds.ESTIMATORS)
+  check_list(
+    config,
+    "eval.discrete_steps",
+    int,
+    True,
+    lambda t: t > 0,
+    'positive integers (e.g. "10,50,1000")',
+  )
+  check(
+    type(config.eval.profile_bins) is int and config.eval.profile_bins >= 0,  # pylint: disable=unidiomatic-typecheck  (not bool)
+    f"eval.profile_bins must be an integer >= 0 (0: off), got {config.eval.profile_bins!r}.",
+  )
+  check(
+    isinstance(config.eval.judge_workdir, str),
+    f'eval.judge_workdir must be a path string ("": off), got {config.eval.judge_workdir!r}.',
+  )
+
+
+def _validate_optimizer(config: ml_collections.ConfigDict):
+  """config.optimizer: rates, decays, a warmup within the run, clipping."""
+  opt = config.optimizer
+  check(opt.learning_rate > 0, f"optimizer.learning_rate must be > 0, got {opt.learning_rate}.")
+  check(
+    isinstance(opt.warmup_steps, int) and 0 <= opt.warmup_steps < config.num_train_steps,
+    f"optimizer.warmup_steps must be an integer in [0, num_train_steps={config.num_train_steps}), "
+    f"got {opt.warmup_steps!r}.",
+  )
+  check(opt.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {opt.weight_decay}.")
+  check(
+    opt.grad_clip_norm >= 0,
+    f"optimizer.grad_clip_norm must be >= 0 (0: no clipping), got {opt.grad_clip_norm}.",
+  )
+  check(
+    isinstance(opt.ema_warmup, bool),
+    f"optimizer.ema_warmup must be true or false, got {opt.ema_warmup!r}.",
+  )
+  for name in ("b1", "b2", "ema_decay"):
+    check(0 <= opt[name] < 1, f"optimizer.{name} must be in [0, 1), got {opt[name]}.")
+
+
+def _validate_sample(config: ml_collections.ConfigDict):
+  """config.sample: the sampler and its settings, the draw, the length and block length."""
+  data, model = config.data, config.model
+  check(
+    isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
+    f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.",
+  )
+  check_choice(config.sample.method, "sample.method", samplers.METHODS)
+  check(
+    config.sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
+    f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
+    "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.",
+  )
+  check(
+    0 <= config.sample.threshold <= 1,
+    f"sample.threshold must be in [0, 1], got {config.sample.threshold}.",
+  )
+  check_choice(config.sample.remask, "sample.remask", samplers.REMASKS)
+  check(
+    0 <= config.sample.remask_eta <= 1,
+    f"sample.remask_eta must be in [0, 1], got {config.sample.remask_eta}.",
+  )
+  check(
+    isinstance(config.sample.remask_loop, int) and config.sample.remask_loop >= 0,
+    f"sample.remask_loop must be an integer >= 0, got {config.sample.remask_loop!r}.",
+  )
+  check(
+    0 < config.sample.remask_loop_alpha < 1,
+    f"sample.remask_loop_alpha must be in (0, 1), got {config.sample.remask_loop_alpha}.",
+  )
+  check(
+    config.sample.guidance_scale >= 0,
+    f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.",
+  )
+  check(
+    config.sample.guidance_scale == 0 or config.sample.prompt,
+    "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
+    "masked.",
+  )
+  sample = config.sample
+  check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
+  check(
+    isinstance(sample.top_k, int) and sample.top_k >= 0,
+    f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.",
+  )
+  check(0 < sample.top_p <= 1, f"sample.top_p must be in (0, 1] (1: off), got {sample.top_p}.")
+  for name in ("length", "block_length"):
+    check(
+      isinstance(sample[name], int) and sample[name] >= 0,
+      f"sample.{name} must be an integer >= 0 (0: default), got {sample[name]!r}.",
+    )
+  check(
+    sample.block_length <= data.seq_len,
+    f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.",
+  )
+
+
+def _validate_frontier(config: ml_collections.ConfigDict):
+  """config.frontier's sweeps, and the sample counts standard errors are taken over."""
+  model = config.model
+  methods = check_list(
+    config,
+    "frontier.methods",
+    str.strip,
+    False,
+    lambda m: m in samplers.METHODS,
+    f"samplers (each one of {', '.join(samplers.METHODS)})",
+  )
+  for method in set(methods) & set(samplers.TIME_FREE_METHODS):
+    check(
+      model.time_conditioning == "none",
+      f"frontier.methods has {method!r}, which needs model.time_conditioning='none'.",
+    )
+  check_list(
+    config, "frontier.thresholds", float, False, lambda t: 0 < t <= 1, "thresholds in (0, 1]"
+  )
+  check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
+  check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
+  for name in ("frontier.num_samples", "eval.num_judged_samples"):
+    value = key_value(config, name)
+    check(
+      type(value) is int and value >= 2,  # pylint: disable=unidiomatic-typecheck  (not bool)
+      f"{name} must be an integer >= 2 (its standard error is over samples), got {value!r}.",
+    )
+
+
+def _validate_ar_length(config: ml_collections.ConfigDict):
+  """An ar model samples within its context; only mdm models generate block by block."""
+  data, model, sample = config.data, config.model, config.sample
+  check(
+    model.type == "mdm" or sample.length <= data.seq_len,
+    f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
+    "the ar baseline samples up to its context.",
+  )
