@@ -306,14 +306,15 @@ def nelbo(
       constant reconstruction term, no prior term; see the module docstring).
     draws: {"t": [B] float, "masked": [B, L] bool}: the times and masked positions to
       use instead of drawing them (replaying another implementation's corruptions);
-      standard estimator, continuous time, mask-rate schedules only.
+      standard estimator, continuous time, mask-rate schedules only. With block_size < L,
+      "t" is [B, K], each block's time (`md4jax.diffusion.blocks.draws`).
     block_size: b, dividing L (None or L: the whole sequence is one block). Block
       diffusion's bound (BD3-LM): Σ_blocks of the bound of the block given the clean blocks
       before it, each with its own draws (of t too: independent terms, each unbiased for
       its block). The denoiser sees, for block k, the clean prefix, the noisy block and
       every later position masked, so the exact posterior gives the exact block law; b = 1
       is an autoregressive model's NLL. This is the reference path over any denoiser: one
-      call per block.
+      call per block (the training path: `md4jax.diffusion.blocks`).
   Returns:
     Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
   """
@@ -354,8 +355,8 @@ def nelbo(
   if block_size is not None and (block_size < 1 or x.shape[1] % block_size):
     raise ValueError(f"block_size must divide the length {x.shape[1]}, got {block_size}.")
   if block_size is not None and block_size < x.shape[1]:
-    if draws is not None or schedule.state_dependent:
-      raise ValueError("block_size < L takes neither draws nor a state-dependent schedule.")
+    if schedule.state_dependent:
+      raise ValueError("block_size < L takes a mask-rate schedule, not a state-dependent one.")
     return _block_nelbo(
       key,
       denoise_fn,
@@ -371,6 +372,7 @@ def nelbo(
       num_rows=num_rows,
       time_input=time_input,
       endpoint_terms=endpoint_terms,
+      draws=draws,
     )
   if editable is not None:
     chex.assert_shape(
@@ -460,23 +462,32 @@ def nelbo(
   return total
 
 
-def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, **kwargs):
+def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, draws, **kwargs):
   """Σ_k NELBO(block k | blocks < k): block k alone editable, every later block masked."""
   editable = masking.editable_or_all(x, editable)
+  num_blocks = x.shape[1] // block_size
+  if draws is not None:
+    chex.assert_shape(
+      draws["t"], (x.shape[0], num_blocks), custom_message="nelbo: block draws['t'] is [B, K]"
+    )
   block_of = jnp.arange(x.shape[1]) // block_size
   total = jnp.zeros(x.shape[:1], jnp.float32)
-  for block in range(x.shape[1] // block_size):
+  for block in range(num_blocks):
 
     def block_denoiser(z, time, future=block_of > block):
       return denoise_fn(jnp.where(future, mask_id, z), time)
 
+    in_block = block_of == block
     total += nelbo(
       jax.random.fold_in(key, block),
       block_denoiser,
       x,
       schedule,
       mask_id=mask_id,
-      editable=editable & (block_of == block),
+      editable=editable & in_block,
+      draws=None
+      if draws is None
+      else {"t": draws["t"][:, block], "masked": draws["masked"].astype(bool) & in_block},
       **kwargs,
     )
   return total

@@ -5,12 +5,30 @@ and its masks.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from md4jax.model.layers import HEADS, Projection, constrain, kernel_init
 from md4jax.model.rope import rotate
 from md4jax.model.splash import splash_attention
 
 ATTENTIONS = ("xla", "cudnn", "splash")
+
+
+def block_pattern(length: int, block_size: int, two_stream: bool) -> np.ndarray:
+  """Block diffusion's attention pattern (True = may attend), static.
+
+  One stream ([L, L]): a position in block k attends to blocks <= k, so a block never reads
+  what comes after it. Two streams ([2L, 2L], BD3-LM's training pass over z_t ⊕ x): a noisy
+  position of block k attends to its own noisy block and to the clean blocks < k; a clean
+  position of block k to the clean blocks <= k, never to a noisy one.
+  """
+  if not two_stream:
+    block = np.arange(length) // block_size
+    return block[:, None] >= block[None, :]
+  half = length // 2
+  block = np.arange(half) // block_size
+  same, before = block[:, None] == block[None, :], block[:, None] > block[None, :]
+  return np.block([[same, before], [np.zeros_like(same), same | before]])
 
 
 def segment_attention_mask(segment_ids):
@@ -56,12 +74,17 @@ class Attention(nn.Module):
   num_layers: int  # Of the whole network: the depth-scaled inits use it.
   dtype: jnp.dtype
   implementation: str = "xla"
+  # (block_size, two_stream) of `block_pattern`, which restricts every mask; () = none.
+  block_layout: tuple = ()
 
   @nn.compact
   def __call__(self, x, rope, mask=None, segment_ids=None):
     """x [B, L, D]; rope (cos, sin) [B or 1, L, Dh / 2] (`rope_cos_sin`); mask [B, 1, L, L]
     bool (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of
     the mask)."""
+    pattern = block_pattern(x.shape[1], *self.block_layout) if self.block_layout else None
+    if pattern is not None and self.implementation != "splash":
+      mask = pattern[None, None] if mask is None else mask & pattern[None, None]
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
@@ -83,7 +106,7 @@ class Attention(nn.Module):
     v = constrain(v[:, :, 0], HEADS)
     # With a mask and causal both, attention is allowed where the mask is True and causality holds.
     if self.implementation == "splash":
-      out = splash_attention(q, k, v, segment_ids, self.causal)
+      out = splash_attention(q, k, v, segment_ids, self.causal, pattern=pattern)
     elif self.implementation == "cudnn":
       out = jax.nn.dot_product_attention(
         q, k, v, mask=mask, is_causal=self.causal, implementation="cudnn"

@@ -13,8 +13,9 @@ def splash_block_size(length: int) -> int:
   raise ValueError(f"splash attention needs a sequence length divisible by 128, got {length}.")
 
 
-def splash_attention(q, k, v, segment_ids, causal: bool, interpret: bool = False):
-  """TPU Pallas splash attention: q, k, v [B, L, H, Dh], segment_ids [B, L] or None.
+def splash_attention(q, k, v, segment_ids, causal: bool, interpret: bool = False, pattern=None):
+  """TPU Pallas splash attention: q, k, v [B, L, H, Dh], segment_ids [B, L] or None, pattern
+  a static [L, L] numpy bool mask (True = may attend; block diffusion's) or None.
 
   Packed documents attend within their segment. Under a mesh the kernel runs
   per device (shard_map over the batch and head axes); interpret=True runs the
@@ -35,7 +36,12 @@ def splash_attention(q, k, v, segment_ids, causal: bool, interpret: bool = False
     block_q_dq=block,
     block_kv_dq=block,
   )
-  base = masks.CausalMask((length, length)) if causal else masks.FullMask((length, length))
+  if pattern is not None:
+    base = masks.NumpyMask(pattern)
+  elif causal:
+    base = masks.CausalMask((length, length))
+  else:
+    base = masks.FullMask((length, length))
   q = q * jnp.asarray(head_dim**-0.5, q.dtype)  # The kernel does not scale the logits.
   q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [B, H, L, Dh]
   if segment_ids is None:

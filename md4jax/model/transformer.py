@@ -71,6 +71,7 @@ class Block(nn.Module):
   norm_eps: float = 1e-6
   mlp: str = "swiglu"
   biases: bool = False  # A bias on the adaLN projection.
+  block_layout: tuple = ()  # Attention's.
 
   @nn.compact
   def __call__(self, x, cond, mask, rope, segment_ids=None):
@@ -85,6 +86,7 @@ class Block(nn.Module):
       self.num_layers,
       self.dtype,
       self.attention,
+      self.block_layout,
       name="attn",
     )
     mlp = SwiGLU(self.mlp_dim, self.weight_init, self.num_layers, self.dtype, self.mlp, name="mlp")
@@ -167,6 +169,9 @@ class Transformer(nn.Module):
   time_dim: int = 0  # Width of the time features and embedding; 0 = model_dim.
   time_hidden_dim: int = 0  # Hidden width of the time MLP; 0 = the time embedding's width.
   adaln_activation: str = "silu"  # ADALN_ACTIVATIONS
+  # Block diffusion (BD3-LM): a position in block k reads blocks <= k only, so a block never sees
+  # what comes after it; 0 = none (every position reads every other).
+  block_size: int = 0
 
   def _check_config(self, alpha):
     if self.time_conditioning not in _TIME_CONDITIONINGS:
@@ -198,8 +203,27 @@ class Transformer(nn.Module):
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
-  def _blocks(self, x, cond, mask, rope, segment_ids):
+  def _block_layout(self, length: int, clean) -> tuple:
+    """Attention's block_layout for a call on `length` tokens (with clean: two streams)."""
+    if not self.block_size:
+      if clean is not None:
+        raise ValueError("clean (block diffusion's training pass) needs block_size > 0")
+      return ()
+    if self.causal or length % self.block_size:
+      raise ValueError(
+        f"block_size {self.block_size} needs a bidirectional network (causal=False) and a "
+        f"length it divides, got causal={self.causal}, length {length}"
+      )
+    if clean is not None and self.time_conditioning != "none":
+      raise ValueError(
+        "clean (block diffusion's training pass) draws t per block; the network must be "
+        f"time-free (time_conditioning='none'), got {self.time_conditioning!r}"
+      )
+    return (self.block_size, clean is not None)
+
+  def _blocks(self, x, cond, mask, rope, segment_ids, block_layout):
     kwargs = dict(
+      block_layout=block_layout,
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim,
       causal=self.causal,
@@ -232,17 +256,34 @@ class Transformer(nn.Module):
     return x
 
   @nn.compact
-  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None):
+  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None, clean=None):
     """tokens [B, L] int32; alpha [B] float or None: the time value per sequence, alpha(t) or t
     (`md4jax.training.objective.denoiser` passes what config.model.time_input names).
 
     segment_ids [B, L] int (1, 2, ... per packed document, 0 = padding) or None:
     given, a position attends only to positions of its own nonzero segment.
     positions [B, L] int in [0, L) (restarting per document) or None (0 .. L-1) feed RoPE.
+    clean [B, L] int (block_size > 0, a time-free network): BD3-LM's training pass. The
+    network reads tokens (z_t) and clean (x) together, each noisy block its own noisy tokens
+    and the clean blocks before it (`attention.block_pattern`), and returns the logits of
+    every noisy block at once: what one call per block, each on the clean prefix and the noisy
+    block, would give.
     """
     self._check_config(alpha)
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
     chex.assert_type(tokens, int, custom_message="Transformer: tokens must be integer ids")
+    length = tokens.shape[1]
+    block_layout = self._block_layout(length, clean)
+    if clean is not None:
+      if jnp.shape(clean) != tokens.shape:
+        raise ValueError(
+          f"clean must have the tokens' shape {tokens.shape}, got {jnp.shape(clean)}"
+        )
+      tokens = jnp.concatenate([tokens, jnp.asarray(clean, tokens.dtype)], axis=1)
+      if segment_ids is not None:
+        segment_ids = jnp.tile(jnp.asarray(segment_ids), (1, 2))
+      if positions is not None:
+        positions = jnp.tile(jnp.asarray(positions), (1, 2))
     mask = None
     if segment_ids is not None:
       segment_ids = jnp.asarray(segment_ids)
@@ -252,17 +293,17 @@ class Transformer(nn.Module):
         )
       if self.attention != "splash":
         mask = segment_attention_mask(segment_ids)
-    if positions is not None and jnp.shape(positions) != tokens.shape:
+    if positions is not None and jnp.shape(positions) != tokens.shape:  # (Tiled with clean.)
       raise ValueError(
         f"positions must have the tokens' shape {tokens.shape}, got {jnp.shape(positions)}"
       )
     if positions is not None and not isinstance(positions, jax.core.Tracer):
       # Traced positions out of range give NaN logits (rope_cos_sin); known ones are refused here.
       known = np.asarray(positions)
-      outside = known[(known < 0) | (known >= tokens.shape[1])]
+      outside = known[(known < 0) | (known >= length)]
       if outside.size:
         raise ValueError(
-          f"positions must lie in [0, {tokens.shape[1]}) (the sequence length), "
+          f"positions must lie in [0, {length}) (the sequence length), "
           f"got {outside.ravel()[:5].tolist()}"
         )
     dense_init = kernel_init(self.weight_init, self.num_layers)
@@ -311,14 +352,12 @@ class Transformer(nn.Module):
       cond = nn.silu(c) if self.adaln_activation == "silu" else nn.sigmoid(c)
 
     # RoPE's cos and sin, once for every layer: [B, L, Dh / 2], or [1, L, Dh / 2] by default.
-    length, head_dim = tokens.shape[1], self.model_dim // self.num_heads
-    rope = rope_cos_sin(
-      np.arange(length)[None] if positions is None else positions,
-      head_dim,
-      self.rope_base,
-      num_positions=length,
-    )
-    x = self._blocks(x, cond, mask, rope, segment_ids)
+    head_dim = self.model_dim // self.num_heads
+    if positions is None:
+      positions = np.arange(tokens.shape[1])[None] % length  # The clean stream's repeat z_t's.
+    rope = rope_cos_sin(positions, head_dim, self.rope_base, num_positions=length)
+    x = self._blocks(x, cond, mask, rope, segment_ids, block_layout)
+    x = x[:, :length]  # With clean: the noisy stream's.
 
     x = make_norm(self.norm, self.norm_eps, self.dtype, "final_norm")(x)
     if cond is not None:
