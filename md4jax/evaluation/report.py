@@ -25,7 +25,27 @@ def _pm(value, stderr, digits: int = 4) -> str:
 
 
 def render(results: dict) -> str:
-  """The Markdown text of eval.json's `results`."""
+  """The Markdown text of eval.json's `results`: the headline, then each section it holds."""
+  lines = _headline(results) + _estimator_note(results)
+  for section in (
+    _side_by_side,
+    _estimators,
+    _discrete_time,
+    _loss_profile,
+    _learned_schedule,
+    _judged_samples,
+  ):
+    lines += section(results)
+  return "\n".join(lines) + "\n"
+
+
+def _nelbo(results: dict) -> str:
+  """The headline bits/token ± its standard error."""
+  return _pm(results["nelbo_bits_per_token"], results["nelbo_bits_per_token_stderr"])
+
+
+def _headline(results: dict) -> list[str]:
+  """The title, the rows scored and the table of the headline figures."""
   is_ar = results["model_type"] == "ar"
   step = results.get("step")
   lines = [f"# Evaluation{f' at step {step}' if step is not None else ''}", ""]
@@ -35,12 +55,11 @@ def render(results: dict) -> str:
   )
   lines.append("")
   lines += ["| Quantity | Value |", "|---|---|"]
-  mean, stderr = results["nelbo_bits_per_token"], results["nelbo_bits_per_token_stderr"]
   if is_ar:
-    lines.append(f"| exact NLL (bits/token) | {_pm(mean, stderr)} |")
+    lines.append(f"| exact NLL (bits/token) | {_nelbo(results)} |")
     lines.append(f"| perplexity | {results['perplexity']:.4f} |")
   else:
-    lines.append(f"| NELBO (bits/token) | ≤ {_pm(mean, stderr)} |")
+    lines.append(f"| NELBO (bits/token) | ≤ {_nelbo(results)} |")
     lines.append(f"| perplexity | ≤ {results['perplexity']:.4f} |")
   relation = "=" if is_ar else "≤"  # An AR figure is the exact NLL, a diffusion one a bound.
   if "bits_per_character" in results:
@@ -60,128 +79,162 @@ def render(results: dict) -> str:
       f"| paired excess over −log2 p (bits/token) | "
       f"{_pm(results['excess_bits_per_token'], results['excess_bits_per_token_stderr'])} |"
     )
-  lines.append("")
-  estimator = results["estimator"]
-  if is_ar:
-    lines.append(
+  return lines + [""]
+
+
+def _estimator_note(results: dict) -> list[str]:
+  """The estimator behind the headline, and whether it is a bound or a measurement."""
+  if results["model_type"] == "ar":
+    return [
       "Estimator: exact NLL — the causal model's likelihood, no Monte Carlo (a measurement, "
       "not a bound)."
-    )
-  else:
+    ]
+  estimator = results["estimator"]
+  return [
+    f"Estimator: {ESTIMATOR_NAMES.get(estimator, estimator)}, "
+    f"K = {results['num_mc_samples']} Monte Carlo draws per sequence. "
+    "The NELBO is an upper bound on the NLL (≤)."
+  ]
+
+
+def _side_by_side(results: dict) -> list[str]:
+  """The evaluated model and the AR judge on the same rows, paired."""
+  if "side_by_side" not in results:
+    return []
+  is_ar = results["model_type"] == "ar"
+  pair = results["side_by_side"]
+  name = "exact NLL" if is_ar else "NELBO"
+  return [
+    "",
+    "## Side by side with the AR judge",
+    "",
+    f"The same {results['num_sequences']} sequences and tokens scored by the AR model of "
+    f"`{pair['judge_workdir']}` (exact NLL); the difference and ratio are paired by sequence.",
+    "",
+    "| Quantity | Value |",
+    "|---|---|",
+    f"| this model's {name} (bits/token) | {'' if is_ar else '≤ '}{_nelbo(results)} |",
+    f"| AR judge's exact NLL (bits/token) | "
+    f"{_pm(pair['judge_nll_bits_per_token'], pair['judge_nll_bits_per_token_stderr'])} |",
+    f"| difference (bits/token) | "
+    f"{_pm(pair['difference_bits_per_token'], pair['difference_bits_per_token_stderr'])} |",
+    f"| ratio {name} / AR NLL | {_pm(pair['ratio'], pair['ratio_stderr'])} |",
+  ]
+
+
+def _estimators(results: dict) -> list[str]:
+  """The continuous bound by each estimator, on the same rows and draws."""
+  if "estimators" not in results:
+    return []
+  lines = [
+    "",
+    "## Continuous-time bound by estimator",
+    "",
+    "Same sequences, same K; the expectation "
+    "is the same, only the variance differs. The t-estimator weights the few tokens masked "
+    "at small t by w(t), which is unbounded there (1/t for the linear schedule), so its "
+    "spread, and its standard error, are heavy-tailed; the mask-count estimator's are not.",
+    "",
+    "| Estimator | NELBO (bits/token) |",
+    "|---|---|",
+  ]
+  for name, figure in results["estimators"].items():
     lines.append(
-      f"Estimator: {ESTIMATOR_NAMES.get(estimator, estimator)}, "
-      f"K = {results['num_mc_samples']} Monte Carlo draws per sequence. "
-      "The NELBO is an upper bound on the NLL (≤)."
+      f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |"
     )
-  if "side_by_side" in results:
-    pair = results["side_by_side"]
-    name = "exact NLL" if is_ar else "NELBO"
-    lines += [
-      "",
-      "## Side by side with the AR judge",
-      "",
-      f"The same {results['num_sequences']} sequences and tokens scored by the AR model of "
-      f"`{pair['judge_workdir']}` (exact NLL); the difference and ratio are paired by sequence.",
-      "",
-      "| Quantity | Value |",
-      "|---|---|",
-      f"| this model's {name} (bits/token) | {'' if is_ar else '≤ '}{_pm(mean, stderr)} |",
-      f"| AR judge's exact NLL (bits/token) | "
-      f"{_pm(pair['judge_nll_bits_per_token'], pair['judge_nll_bits_per_token_stderr'])} |",
-      f"| difference (bits/token) | "
-      f"{_pm(pair['difference_bits_per_token'], pair['difference_bits_per_token_stderr'])} |",
-      f"| ratio {name} / AR NLL | {_pm(pair['ratio'], pair['ratio_stderr'])} |",
-    ]
-  if "estimators" in results:
-    lines += [
-      "",
-      "## Continuous-time bound by estimator",
-      "",
-      "Same sequences, same K; the expectation "
-      "is the same, only the variance differs. The t-estimator weights the few tokens masked "
-      "at small t by w(t), which is unbounded there (1/t for the linear schedule), so its "
-      "spread, and its standard error, are heavy-tailed; the mask-count estimator's are not.",
-      "",
-      "| Estimator | NELBO (bits/token) |",
-      "|---|---|",
-    ]
-    for name, figure in results["estimators"].items():
-      lines.append(
-        f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |"
-      )
-  if "discrete_time" in results:
-    lines += [
-      "",
-      "## Discrete-time bounds",
-      "",
-      f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}, "
-      f"K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence. "
-      "A bound with T "
-      "steps is looser than the continuous one and tightens as T grows.",
-      "",
-      "| T | NELBO (bits/token) |",
-      "|---|---|",
-    ]
-    for steps, figure in results["discrete_time"].items():
-      lines.append(f"| {steps} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
-    lines.append(f"| ∞ (continuous) | ≤ {_pm(mean, stderr)} |")
-  if "loss_profile" in results:
-    profile = results["loss_profile"]
-    edges = profile["t_edges"]
-    lines += [
-      "",
-      "## Per-t loss profile",
-      "",
-      f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
-      f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of "
-      + (
-        "the schedule's part of the bound (its endpoint terms, not shown, make up the rest)"
-        if profile["endpoint_terms_excluded"]
-        else "the continuous bound"
-      )
-      + f": {_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.",
-      "",
-      "| t | bits/token |",
-      "|---|---|",
-    ]
-    for lo, hi, value, stderr in zip(
-      edges, edges[1:], profile["bits_per_token"], profile["stderr"]
-    ):
-      lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")
-  if "learned_schedule" in results:
-    learned = results["learned_schedule"]
-    lines += [
-      "",
-      "## Learned masking schedule",
-      "",
-      f"{learned['schedule']}: α_v(t) = 1 − t^(w_v), learned with the model (GenMD4). A "
-      "large w_v keeps token v visible longer (masked late, revealed early in sampling). "
-      f"w ranges over [{learned['min']:.3f}, {learned['max']:.3f}] (std {learned['std']:.3f}); "
-      "plots/learned_exponents.png draws them sorted.",
-      "",
-      "| token | id | w |",
-      "|---|---|---|",
-    ]
-    rows = list(zip(learned["tokens"], learned["token_ids"], learned["exponents"]))
-    shown = [f"| {repr(token)[1:-1]} | {token_id} | {w:.4f} |" for token, token_id, w in rows]
-    lines += shown if len(shown) <= 40 else shown[:20] + ["| … | … | … |"] + shown[-20:]
-  if "generative_perplexity" in results:
-    sampler = ", ".join(f"{k}={v}" for k, v in results["sampler"].items() if v not in (None, ""))
-    lines += [
-      "",
-      "## Samples under the judge",
-      "",
-      f"{results['num_judged_samples']} fresh samples ({sampler}) scored by the AR model of "
-      f"`{results['judge_workdir']}`. A low generative perplexity with a low sample entropy "
-      "is repetition, not quality: read them together.",
-      "",
-      "| Quantity | Value |",
-      "|---|---|",
-      f"| generative perplexity | {_pm(results['generative_perplexity'], results['generative_perplexity_stderr'])} |",
-      f"| sample entropy (bits, unigram per sample) | "
-      f"{_pm(results['sample_entropy'], results['sample_entropy_stderr'])} |",
-    ]
-  return "\n".join(lines) + "\n"
+  return lines
+
+
+def _discrete_time(results: dict) -> list[str]:
+  """The discrete-time bounds by T, and the continuous one as T = ∞."""
+  if "discrete_time" not in results:
+    return []
+  lines = [
+    "",
+    "## Discrete-time bounds",
+    "",
+    f"Estimator: {ESTIMATOR_NAMES.get(results['discrete_time_estimator'])}, "
+    f"K = {results['discrete_time_num_mc_samples']} Monte Carlo draws per sequence. "
+    "A bound with T "
+    "steps is looser than the continuous one and tightens as T grows.",
+    "",
+    "| T | NELBO (bits/token) |",
+    "|---|---|",
+  ]
+  for steps, figure in results["discrete_time"].items():
+    lines.append(f"| {steps} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |")
+  lines.append(f"| ∞ (continuous) | ≤ {_nelbo(results)} |")
+  return lines
+
+
+def _loss_profile(results: dict) -> list[str]:
+  """w(t)·CE per token by bin of t."""
+  if "loss_profile" not in results:
+    return []
+  profile = results["loss_profile"]
+  edges = profile["t_edges"]
+  lines = [
+    "",
+    "## Per-t loss profile",
+    "",
+    f"w(t)·Σ masked CE per token with t uniform in each bin (one draw per bin and sequence; "
+    f"{profile['schedule']} schedule). The mean over bins is a stratified estimate of "
+    + (
+      "the schedule's part of the bound (its endpoint terms, not shown, make up the rest)"
+      if profile["endpoint_terms_excluded"]
+      else "the continuous bound"
+    )
+    + f": {_pm(profile['mean_bits_per_token'], profile['mean_stderr'])} bits/token.",
+    "",
+    "| t | bits/token |",
+    "|---|---|",
+  ]
+  for lo, hi, value, stderr in zip(edges, edges[1:], profile["bits_per_token"], profile["stderr"]):
+    lines.append(f"| ({lo:.2f}, {hi:.2f}] | {_pm(value, stderr)} |")
+  return lines
+
+
+def _learned_schedule(results: dict) -> list[str]:
+  """A learned schedule's exponent per token, the 20 largest and smallest past 40 tokens."""
+  if "learned_schedule" not in results:
+    return []
+  learned = results["learned_schedule"]
+  lines = [
+    "",
+    "## Learned masking schedule",
+    "",
+    f"{learned['schedule']}: α_v(t) = 1 − t^(w_v), learned with the model (GenMD4). A "
+    "large w_v keeps token v visible longer (masked late, revealed early in sampling). "
+    f"w ranges over [{learned['min']:.3f}, {learned['max']:.3f}] (std {learned['std']:.3f}); "
+    "plots/learned_exponents.png draws them sorted.",
+    "",
+    "| token | id | w |",
+    "|---|---|---|",
+  ]
+  rows = list(zip(learned["tokens"], learned["token_ids"], learned["exponents"]))
+  shown = [f"| {repr(token)[1:-1]} | {token_id} | {w:.4f} |" for token, token_id, w in rows]
+  return lines + (shown if len(shown) <= 40 else shown[:20] + ["| … | … | … |"] + shown[-20:])
+
+
+def _judged_samples(results: dict) -> list[str]:
+  """Fresh samples under the AR judge: generative perplexity beside their entropy."""
+  if "generative_perplexity" not in results:
+    return []
+  sampler = ", ".join(f"{k}={v}" for k, v in results["sampler"].items() if v not in (None, ""))
+  return [
+    "",
+    "## Samples under the judge",
+    "",
+    f"{results['num_judged_samples']} fresh samples ({sampler}) scored by the AR model of "
+    f"`{results['judge_workdir']}`. A low generative perplexity with a low sample entropy "
+    "is repetition, not quality: read them together.",
+    "",
+    "| Quantity | Value |",
+    "|---|---|",
+    f"| generative perplexity | {_pm(results['generative_perplexity'], results['generative_perplexity_stderr'])} |",
+    f"| sample entropy (bits, unigram per sample) | "
+    f"{_pm(results['sample_entropy'], results['sample_entropy_stderr'])} |",
+  ]
 
 
 def write(workdir, results: dict) -> pathlib.Path:
