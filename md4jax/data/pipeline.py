@@ -154,8 +154,9 @@ class _RandomWindows:
     epoch = index // self.num_windows
     offset = np.random.default_rng((self.seed, epoch, window)).integers(self.max_offset)
     start = window * self.seq_len + offset
-    # One whole segment: no segment ids, so the train step builds no attention mask (4x256:
-    # 1% faster). Evaluation windows keep them: the split's last one is padded.
+    # One whole segment: no segment ids, so the train step builds no attention mask (one that
+    # allows everything still costs time: docs/performance.md). Evaluation windows keep them:
+    # the split's last one is padded.
     return {
       "tokens": np.asarray(self.docs.tokens[start : start + self.seq_len], np.int32),
       "segment_ids": None,

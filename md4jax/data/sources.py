@@ -27,7 +27,7 @@ def dense_batch(tokens: np.ndarray) -> dict:
   """A batch of unpadded, unpacked rows: one segment each, positions 0..L−1, all editable.
 
   segment_ids and positions are None: with them the model would build an attention mask
-  that allows everything (the default train step: 2% slower, 4x256: 1%).
+  that allows everything, a cost to the train step for nothing (docs/performance.md).
   """
   tokens = np.asarray(tokens, np.int32)
   return {
@@ -115,7 +115,8 @@ class MarkovSource:
     """This process's rows of global batch `index`: the same rows on any process layout.
 
     Batch i is sample(fold_in(train key, i)); they are drawn _BATCHES_PER_DRAW at a time,
-    since one call per batch (an L-step scan) cost a default train step 9 ms more.
+    since one call per batch (an L-step scan) made a small model's train step wait for its
+    batch (docs/performance.md).
     """
     first, offset = divmod(index, _BATCHES_PER_DRAW)
     first *= _BATCHES_PER_DRAW
