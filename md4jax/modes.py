@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from md4jax import config_lib
+from md4jax import config_lib, rng
 from md4jax.data import sources
 from md4jax.evaluation import evaluate, frontier, plots, report
 from md4jax.runtime import sharding
@@ -101,7 +101,7 @@ class Run:
   def sample(self, writer: metrics_writer.MetricsWriter) -> list[dict]:
     if self.config.sample.num_samples == 0:
       return []
-    key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 4)
+    key = rng.stream(self.config.seed, "sample")
     tokens, nfe, seconds, trajectory = generate.generate(
       self.config,
       self.model,

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-from md4jax import config_lib
+from md4jax import config_lib, rng
 from md4jax.data import sources
 
 
@@ -49,3 +49,18 @@ def test_evaluation_batches_pad_whole_rows_without_segment_ids():
   assert not sources.has_segments(config, training=True) and not sources.has_segments(
     config, training=False
   )
+
+
+def test_rng_streams_keep_their_numbers():
+  # A stream's number is part of what every seed gives (data, evaluation, samples): fixed.
+  assert rng.STREAMS == {
+    "train_data": 1,
+    "eval_data": 2,
+    "eval": 3,
+    "sample": 4,
+    "judged_samples": 5,
+    "frontier": 6,
+  }
+  for name, number in rng.STREAMS.items():
+    expected = jax.random.fold_in(jax.random.PRNGKey(11), number)
+    np.testing.assert_array_equal(rng.stream(11, name), expected)

@@ -14,13 +14,24 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "md4jax"
 ALLOWED = {
   "diffusion": set(),
   "model": set(),
-  "data": {"diffusion"},
+  "data": {"diffusion", "rng"},
   "runtime": {"data"},
   "training": {"diffusion", "model", "runtime"},
   "sampling": {"diffusion", "training", "runtime"},
-  "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "config_lib"},
+  "evaluation": {
+    "diffusion",
+    "model",
+    "data",
+    "sampling",
+    "training",
+    "runtime",
+    "config_lib",
+    "rng",
+  },
 }
 ENTRY_POINTS = {"main", "aot", "modes"}
+# Top-level modules that import nothing of md4jax, so any layer may be allowed to import them.
+LEAVES = {"rng", "config_values"}
 # The samplers over any denoiser: only the diffusion math beneath them.
 DENOISER_GENERIC = {
   "sampling.samplers",
@@ -78,11 +89,17 @@ def test_subpackages_are_layers():
   assert packages == set(ALLOWED), "a new subpackage needs its import rule here"
   for module, imported in edges.items():
     if "." not in module:
-      continue  # The entry points and the config may import anything.
+      continue  # The entry points and the config may import anything; the leaves: below.
     for target in imported:
       assert _top(target) not in ENTRY_POINTS, f"{module} imports the entry point {target}"
       if _top(target) != _top(module):
         assert _top(target) in ALLOWED[_top(module)], f"{module} may not import {target}"
+
+
+def test_leaves_import_nothing_of_md4jax():
+  edges = _imports()
+  for module in LEAVES:
+    assert not edges[module], f"{module} imports {edges[module]}"
 
 
 def test_samplers_need_only_the_diffusion_math():

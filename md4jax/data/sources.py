@@ -15,10 +15,10 @@ finite evaluation batches.
 import itertools
 from typing import Optional
 
-import jax
 import ml_collections
 import numpy as np
 
+from md4jax import rng
 from md4jax.data import pipeline
 from md4jax.diffusion import groundtruth
 
@@ -103,13 +103,13 @@ class MarkovSource:
     self.seq_len = data.seq_len
     self.global_batch_size = config.batch_size
     self.shard_index, self.shard_count = shard
-    self._train_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+    self._train_key = rng.stream(config.seed, "train_data")
     self._drawn, self._drawn_from = (
       None,
       None,
     )  # Training batches [k, B, L] from batch _drawn_from on.
     # Evaluation sequences depend on the language only, so runs with different seeds compare.
-    self._eval_key = jax.random.fold_in(jax.random.PRNGKey(data.language_seed), 2)
+    self._eval_key = rng.stream(data.language_seed, "eval_data")
 
   def batch(self, index: int) -> dict:
     """This process's rows of global batch `index`: the same rows on any process layout.

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from md4jax import config_lib
+from md4jax import config_lib, rng
 from md4jax.data import sources
 from md4jax.diffusion import bounds, schedules
 from md4jax.runtime import sharding
@@ -261,7 +261,7 @@ def evaluate(
   With a judge (an AR model), the same rows are also scored by it exactly: the
   side-by-side figures are paired, row by row, on the same tokens.
   """
-  key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 3)
+  key = rng.stream(config.seed, "eval")
   if judge is not None:
     judge.check_compatible(config, config.data.seq_len, what="evaluation rows")
   outputs = []
@@ -492,7 +492,7 @@ def judge_samples(config: ml_collections.ConfigDict, model, params, source, judg
   """Fresh samples of the evaluated model (after any prompt), scored by the AR judge."""
   run = generate.settings(config)
   judge.check_compatible(config, run["length"])
-  key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 5)
+  key = rng.stream(config.seed, "judged_samples")
   judged = config.copy_and_resolve_references()
   judged.sample.num_samples = config.eval.num_judged_samples
   tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from md4jax import config_lib
+from md4jax import config_lib, rng
 from md4jax.evaluation import evaluate, plots
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
@@ -120,7 +120,7 @@ def run(
   length = run_settings["length"]
   if judge is not None:
     judge.check_compatible(config, length)
-  key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 6)
+  key = rng.stream(config.seed, "frontier")
   points = []
   for i, setting in enumerate(sweep_settings(config)):
     point_config = _point_config(config, setting)

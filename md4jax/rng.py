@@ -1,0 +1,22 @@
+"""The run's named random streams: each use of a seed folds in its own number, named here once.
+
+A stream is fold_in(PRNGKey(seed), number). The numbers are part of every result (the data, the
+evaluation draws, the samples): renumbering one changes what a seed gives. The params' init and
+the per-step training key are split from PRNGKey(config.seed) itself (md4jax.training.state).
+"""
+
+import jax
+
+STREAMS = {
+  "train_data": 1,  # markov: the training batches (seed: config.seed).
+  "eval_data": 2,  # markov: the evaluation rows (seed: data.language_seed, so seeds compare).
+  "eval": 3,  # Evaluation's draws of t and masks, one fold per batch.
+  "sample": 4,  # The samples at the end of training and of --mode=sample.
+  "judged_samples": 5,  # The fresh samples the AR judge scores (eval.judge_workdir).
+  "frontier": 6,  # --mode=frontier's samples, one fold per point.
+}
+
+
+def stream(seed: int, name: str) -> jax.Array:
+  """The key of the stream `name` (a key of STREAMS) of `seed`."""
+  return jax.random.fold_in(jax.random.PRNGKey(seed), STREAMS[name])
