@@ -64,3 +64,12 @@ def test_rng_streams_keep_their_numbers():
   for name, number in rng.STREAMS.items():
     expected = jax.random.fold_in(jax.random.PRNGKey(11), number)
     np.testing.assert_array_equal(rng.stream(11, name), expected)
+
+
+def test_both_sources_have_every_member_of_the_protocol():
+  members = set(sources.Source.__annotations__) | {
+    name for name in vars(sources.Source) if not name.startswith("_")
+  }
+  assert {"text_lengths", "eval_batches", "true_bits_per_token"} <= members
+  for cls in (sources.MarkovSource, sources.TextSource):
+    assert not {name for name in members if not hasattr(cls, name)}, cls

@@ -63,6 +63,9 @@ class _RepeatedSource:
       for _ in range(-(-num_sequences // batch_size))
     ]
 
+  def text_lengths(self, tokens, editable):
+    del tokens, editable  # Markov ids: no text.
+
 
 def test_stderr_shrinks_like_one_over_sqrt_k():
   stderrs = {}

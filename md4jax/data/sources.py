@@ -9,11 +9,11 @@ padding (which no other row reads), `segment_ids` and `positions` are None
 (`dense_batch`): the model then builds no attention mask. Each
 source has a training iterator whose checkpointable state is the next batch
 index, so a resumed run sees exactly the batches it would have seen, and
-finite evaluation batches.
+finite evaluation batches. `Source` names what the rest of md4jax reads of one.
 """
 
 import itertools
-from typing import Optional
+from typing import Iterable, Iterator, Optional, Protocol
 
 import ml_collections
 import numpy as np
@@ -21,6 +21,44 @@ import numpy as np
 from md4jax import rng
 from md4jax.data import pipeline
 from md4jax.diffusion import groundtruth
+
+
+class Source(Protocol):
+  """What training, evaluation and sampling read of a data source (MarkovSource, TextSource)."""
+
+  # Exact entropy in bits per token where the data's law is known, else None.
+  true_bits_per_token: Optional[float]
+
+  def train_iterator(self) -> Iterator[dict]:
+    """This process's training batches, from a checkpointable position."""
+    ...
+
+  def eval_batches(self, num_sequences: int, batch_size: int) -> Iterable[dict]:
+    """This process's block of each held-out batch, enough for num_sequences rows."""
+    ...
+
+  def true_bits_per_token_of(self, tokens: np.ndarray) -> Optional[np.ndarray]:
+    """−log2 p(x) / L of each row [B] under the true law, or None where it is unknown."""
+    ...
+
+  def text_lengths(
+    self, tokens: np.ndarray, editable: np.ndarray
+  ) -> Optional[tuple[int, Optional[int]]]:
+    """(characters, UTF-8 bytes) the editable tokens of the rows [B, L] stand for, summed; None
+    for tokens that are not text, bytes None where the tokenizer has no exact count."""
+    ...
+
+  def decode(self, tokens: np.ndarray) -> str:
+    """The text of a row of ids."""
+    ...
+
+  def token_text(self, token: int) -> str:
+    """The text of one id."""
+    ...
+
+  def encode(self, text: str) -> np.ndarray:
+    """The ids of a text (a prompt)."""
+    ...
 
 
 def dense_batch(tokens: np.ndarray) -> dict:
@@ -151,6 +189,10 @@ class MarkovSource:
     """−log2 p(x) / L of each sequence under the true language [B]."""
     return -np.asarray(self.language.log_prob(tokens)) / (tokens.shape[1] * np.log(2.0))
 
+  def text_lengths(self, tokens: np.ndarray, editable: np.ndarray) -> None:
+    """Markov ids are not text: no characters or bytes to count."""
+    del tokens, editable
+
   def decode(self, tokens: np.ndarray) -> str:
     """Markov ids have no text: space-separated ids."""
     return " ".join(str(int(t)) for t in tokens)
@@ -210,6 +252,15 @@ class TextSource:
     del tokens
     return None
 
+  def text_lengths(self, tokens: np.ndarray, editable: np.ndarray) -> tuple[int, Optional[int]]:
+    """(characters, UTF-8 bytes) of the editable tokens, each row decoded on its own; bytes None
+    where the tokenizer has no exact byte count, or no token is editable."""
+    characters = sum(len(self.decode(row[keep])) for row, keep in zip(tokens, editable))
+    byte_lengths = self.tokenizer.byte_lengths  # None: the tokenizer has no exact byte count.
+    if byte_lengths is None or not editable.any():
+      return characters, None
+    return characters, int(byte_lengths[tokens[editable]].sum())
+
   def decode(self, tokens: np.ndarray) -> str:
     return self.tokenizer.decode([int(t) for t in tokens])
 
@@ -220,7 +271,9 @@ class TextSource:
     return np.asarray(self.tokenizer.encode(text), np.int32)
 
 
-def make_source(config: ml_collections.ConfigDict, workdir=None, shard: tuple[int, int] = (0, 1)):
+def make_source(
+  config: ml_collections.ConfigDict, workdir=None, shard: tuple[int, int] = (0, 1)
+) -> Source:
   """The data source named by config.data.dataset (text tokenizers are saved in workdir).
 
   shard = (index, count): the block of every global batch this process holds

@@ -254,7 +254,12 @@ def side_by_side(
 
 
 def evaluate(
-  config: ml_collections.ConfigDict, eval_fn, params, source, mesh, judge: Optional["Judge"] = None
+  config: ml_collections.ConfigDict,
+  eval_fn,
+  params,
+  source: sources.Source,
+  mesh,
+  judge: Optional["Judge"] = None,
 ) -> dict:
   """NELBO bits/token of held-out rows ± standard error, against the truth where known.
 
@@ -318,17 +323,15 @@ def evaluate(
     results["learned_schedule"] = learned_exponents(params, config, source)
   if judge is not None:
     results["side_by_side"] = side_by_side(nats, columns["judge_nats"], num_tokens, judge.workdir)
-  if isinstance(source, sources.TextSource):
+  lengths = source.text_lengths(rows, columns["editable"].astype(bool))
+  if lengths is not None:
     # Per character of the decoded text and per UTF-8 byte the scored ids stand for, so
     # models with different tokenizers compare.
-    editable = columns["editable"].astype(bool)
-    characters = sum(len(source.decode(row[keep])) for row, keep in zip(rows, editable))
+    characters, num_bytes = lengths
     if characters:
       results["bits_per_character"] = float(nats.sum() / (math.log(2.0) * characters))
       results["num_characters"] = int(characters)
-    byte_lengths = source.tokenizer.byte_lengths  # None: the tokenizer has no exact byte count.
-    if byte_lengths is not None and editable.any():
-      num_bytes = int(byte_lengths[rows[editable]].sum())
+    if num_bytes is not None:
       results["bits_per_byte"] = float(nats.sum() / (math.log(2.0) * num_bytes))
       results["num_bytes"] = num_bytes
   if source.true_bits_per_token is not None:
