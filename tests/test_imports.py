@@ -35,6 +35,9 @@ LEAVES = {"rng", "config_values"}
 # The samplers over any denoiser: only the diffusion math beneath them.
 DENOISER_GENERIC = {
   "sampling.samplers",
+  "sampling.steps",
+  "sampling.unmasking",
+  "sampling.remasking",
   "sampling.categorical",
   "sampling.blockwise",
   "sampling.trajectory",

@@ -1,0 +1,256 @@
+"""The samplers that only reveal: a visible token is never masked again (docs/math.md, "Reverse
+process"). ancestral and cached step through a time grid, jump skips the grid's steps that
+reveal nothing, first_hitting draws each reveal's time exactly, and confidence and threshold
+reveal the positions the denoiser is surest of; `md4jax.sampling.samplers` describes each.
+
+Each takes the key, the denoiser, the initial tokens z [B, L] and the trajectory (or None), and
+returns (tokens, calls, first broken call or −1, trajectory).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from md4jax.sampling import categorical, steps
+
+CONFIDENCES = ("max_prob", "margin", "neg_entropy")
+
+
+def sample_ancestral(
+  key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw, trajectory
+):
+  grid = steps.time_grid(num_steps, grid_kind)
+  batch_size = z.shape[0]
+
+  def body(i, carry):
+    z, logits, cache_valid, nfe, first_bad, trajectory = carry
+    step = num_steps - i  # From T down to 1.
+    step_key = jax.random.fold_in(key, step)
+    reveal_key, draw_key = jax.random.split(step_key)
+    reveal = (z == mask_id) & (
+      jax.random.uniform(reveal_key, z.shape) < steps.reveal_probability(schedule, grid, step)
+    )
+    any_reveal = reveal.any()
+    need_call = ~cache_valid & any_reveal if cached else jnp.bool_(True)
+    alpha = steps.alphas(schedule, grid[step], batch_size)
+    logits = jax.lax.cond(
+      need_call, lambda: denoise_fn(z, alpha).astype(jnp.float32), lambda: logits
+    )
+    first_bad = steps.first_bad_call(
+      first_bad, nfe, need_call & steps.nonfinite_rows(logits, z, mask_id)
+    )
+    z = jnp.where(reveal, draw(draw_key, logits), z)
+    cache_valid = (cache_valid | need_call) & ~any_reveal
+    trajectory = steps.record(trajectory, i, z, logits, alpha)
+    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32), first_bad, trajectory
+
+  logits = jnp.zeros(z.shape + (mask_id,), jnp.float32)
+  init = (z, logits, jnp.bool_(False), jnp.int32(0), jnp.int32(-1), trajectory)
+  z, _, _, nfe, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, init)
+  return z, nfe, first_bad, trajectory
+
+
+def sample_state_dependent(
+  key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, filtered, noise, trajectory
+):
+  """Ancestral steps under a state-dependent schedule (GenMD4); denoise_fn(z, t [B]).
+
+  From t to s, a masked position whose clean value is v stays masked with prob
+  (1 − α_v(s)) / (1 − α_v(t)) (the forward process, read backwards), so given the prediction μ
+  it is revealed as v with prob μ_v (α_v(s) − α_v(t)) / (1 − α_v(t)) and stays masked with prob
+  Σ_v μ_v (1 − α_v(s)) / (1 − α_v(t)): one categorical over V + 1 outcomes, the last of which
+  (id V = mask_id) is "stay masked". μ is the denoiser's law after temperature / top-k / top-p.
+  """
+  grid = steps.time_grid(num_steps, grid_kind)
+  batch_size = z.shape[0]
+
+  def body(i, carry):
+    z, first_bad, trajectory = carry
+    step = num_steps - i
+    time = jnp.full((batch_size,), grid[step], jnp.float32)
+    logits = denoise_fn(z, time).astype(jnp.float32)
+    first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))
+    mask_t, mask_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
+    # P(still masked at s | masked at t, value v) [V]; 0 on the last step (α_v(0) = 1).
+    stay = jnp.where((step > 1) & (mask_t > 0), mask_s / jnp.where(mask_t > 0, mask_t, 1.0), 0.0)
+    probs = filtered(logits)
+    outcome_probs = jnp.concatenate(
+      [probs * (1.0 - stay), jnp.sum(probs * stay, axis=-1, keepdims=True)], axis=-1
+    )
+    outcome_logits = jnp.log(jnp.maximum(outcome_probs, 0.0))
+    outcome = categorical.sample_categorical(
+      jax.random.fold_in(key, step), outcome_logits, noise=noise
+    )
+    z = jnp.where(z == mask_id, outcome, z)  # Outcome mask_id: stays masked.
+    return z, first_bad, steps.record(trajectory, i, z, logits, time)
+
+  z, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, (z, jnp.int32(-1), trajectory))
+  return z, jnp.int32(num_steps), first_bad, trajectory
+
+
+def _reveal_at_least_one(key, masked, reveal_prob):
+  """Each masked position revealed with prob r, conditioned on at least one, [B, L] bool. Exact:
+  in a uniformly random order, the first revealed one is at K ~ Geometric(r) truncated to 1..n
+  (drawn by inverse CDF, in logs), and every later one is revealed with prob r on its own."""
+  order_key, first_key, rest_key = jax.random.split(key, 3)
+  n = masked.sum(-1)
+  scores = jnp.where(masked, jax.random.uniform(order_key, masked.shape), -1.0)
+  rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)  # 0..n−1 over the masked positions.
+  log_keep = jnp.log1p(-jnp.minimum(reveal_prob, 1.0))[:, None]  # log(1 − r); −inf when r = 1.
+  u = jax.random.uniform(first_key, n.shape)[:, None]
+  all_kept = -jnp.expm1(n[:, None] * log_keep)  # 1 − (1 − r)^n
+  first = jnp.ceil(jnp.log1p(-u * all_kept) / log_keep) - 1  # 0-based rank of the first reveal.
+  first = jnp.clip(jnp.nan_to_num(first, nan=0.0), 0, jnp.maximum(n[:, None] - 1, 0))
+  later = jax.random.uniform(rest_key, masked.shape) < reveal_prob[:, None]
+  return masked & ((rank == first) | ((rank > first) & later))
+
+
+def sample_jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, trajectory):
+  grid = steps.time_grid(num_steps, grid_kind)
+  mask_grid = schedule.mask_prob(grid)  # λ(t_0) ≤ ... ≤ λ(t_T), [T + 1].
+  batch_size, length = z.shape
+  max_calls = min(num_steps, length)  # Each call moves every unfinished row ≥ 1 step, ≥ 1 reveal.
+
+  def cond(carry):
+    return (carry[2] < max_calls) & (carry[0] == mask_id).any()
+
+  def body(carry):
+    z, step, nfe, first_bad, trajectory = carry  # step [B]: the next grid step each row processes.
+    hit_key, reveal_key, draw_key = jax.random.split(jax.random.fold_in(key, nfe), 3)
+    masked = z == mask_id
+    n = masked.sum(-1)
+    u = jax.random.uniform(hit_key, (batch_size,), minval=1e-12)
+    # Steps step..k reveal nothing with prob (λ(t_{k−1}) / λ(t_step))^n: the event step j has
+    # λ(t_{j−1}) < λ(t_step) u^(1/n) ≤ λ(t_j) (the last step, j = 1, reveals all that is left).
+    target = mask_grid[step] * u ** (1.0 / jnp.maximum(n, 1))
+    # Finished rows (step 0) keep event 1: nothing of theirs is masked, nothing changes.
+    event = jnp.clip(jnp.searchsorted(mask_grid, target, side="left"), 1, jnp.maximum(step, 1))
+    reveal_prob = jnp.where(
+      event == 1,
+      1.0,
+      (mask_grid[event] - mask_grid[event - 1]) / jnp.maximum(mask_grid[event], 1e-30),
+    )
+    reveal = _reveal_at_least_one(reveal_key, masked, reveal_prob)
+    alpha = schedule.alpha(grid[event]).astype(jnp.float32)
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
+    z = jnp.where(reveal, draw(draw_key, logits), z)
+    step = jnp.where(n > 0, event - 1, step)
+    return z, step, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+
+  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), jnp.int32(-1), trajectory)
+  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
+
+
+def sample_threshold(key, denoise_fn, z, mask_id, threshold, draw, filtered, trajectory):
+  length = z.shape[1]
+
+  def cond(carry):  # Each call reveals ≥ 1 position of every unfinished row: ≤ L calls.
+    return (carry[1] < length) & (carry[0] == mask_id).any()
+
+  def body(carry):
+    z, nfe, first_bad, trajectory = carry
+    masked = z == mask_id
+    alpha = 1.0 - masked.sum(-1) / length  # The share already revealed.
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
+    top = steps.masked_scores(jax.nn.softmax(filtered(logits), axis=-1).max(-1), masked)
+    # The most confident masked position: argmax over top, where a broken (NaN) score of a
+    # masked position still beats every visible one (a visible "best" would reveal nothing).
+    best = jax.nn.one_hot(jnp.argmax(top, -1), length, dtype=jnp.bool_)
+    reveal = masked & ((top >= threshold) | best)
+    z = jnp.where(reveal, draw(jax.random.fold_in(key, nfe), logits), z)
+    return z, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+
+  init = (z, jnp.int32(0), jnp.int32(-1), trajectory)
+  z, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
+
+
+def sample_first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
+  batch_size, length = z.shape
+
+  def cond(carry):  # One reveal per unfinished row and call: ≤ L calls.
+    return (carry[2] < length) & (carry[0] == mask_id).any()
+
+  def body(carry):
+    z, mask_rate, nfe, first_bad, trajectory = carry
+    event_key = jax.random.fold_in(key, nfe)
+    time_key, position_key, draw_key = jax.random.split(event_key, 3)
+    masked = z == mask_id
+    num_masked = masked.sum(-1)
+    u = jax.random.uniform(time_key, (batch_size,), minval=1e-12)  # Avoid λ = 0 exactly.
+    mask_rate = jnp.where(
+      num_masked > 0, mask_rate * u ** (1.0 / jnp.maximum(num_masked, 1)), mask_rate
+    )
+    # The denoiser sees z just above the hitting time, with α at that time.
+    alpha = 1.0 - mask_rate
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
+    scores = jnp.where(masked, jax.random.uniform(position_key, z.shape), -1.0)
+    position = jax.nn.one_hot(jnp.argmax(scores, -1), length, dtype=jnp.bool_) & masked
+    z = jnp.where(position, draw(draw_key, logits), z)
+    return z, mask_rate, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+
+  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), jnp.int32(-1), trajectory)
+  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
+
+
+def _confidence_scores(logits, kind):
+  probs = jax.nn.softmax(logits, axis=-1)
+  if kind == "max_prob":
+    return probs.max(-1)
+  if kind == "margin":
+    top2 = jax.lax.top_k(probs, 2)[0]
+    return top2[..., 0] - top2[..., 1]
+  if kind == "neg_entropy":
+    return jnp.sum(jnp.where(probs > 0, probs * jnp.log(probs), 0.0), -1)
+  raise ValueError(f"Unknown confidence {kind!r}; valid: {', '.join(CONFIDENCES)}.")
+
+
+def sample_confidence(
+  key,
+  denoise_fn,
+  z,
+  schedule,
+  mask_id,
+  num_steps,
+  grid_kind,
+  draw,
+  filtered,
+  confidence,
+  trajectory,
+):
+  grid = steps.time_grid(num_steps, grid_kind)
+  batch_size = z.shape[0]
+  initial_masked = (z == mask_id).sum(-1)
+
+  # Each step reveals at least one mask per sequence, so with T > L the batch is done before
+  # step T; the steps after that would change nothing, and are not run.
+  def cond(carry):
+    i, z, _, _ = carry
+    return (i < num_steps) & (z == mask_id).any()
+
+  def body(carry):
+    i, z, first_bad, trajectory = carry
+    step = num_steps - i
+    masked = z == mask_id
+    alpha = steps.alphas(schedule, grid[step], batch_size)
+    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))
+    # Masks to keep after this step: the schedule's share of the initial ones (0 at the end).
+    share = schedule.mask_prob(grid[step - 1]) / schedule.mask_prob(grid[num_steps])
+    keep = jnp.where(step == 1, 0, jnp.floor(initial_masked * share).astype(jnp.int32))
+    num_reveal = jnp.maximum(masked.sum(-1) - keep, jnp.minimum(masked.sum(-1), 1))
+    # Masked positions rank first whatever their scores (NaN ones last among them), so the
+    # step reveals num_reveal masked positions and the last step all that are left.
+    scores = steps.masked_scores(_confidence_scores(filtered(logits), confidence), masked)
+    rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)
+    reveal = masked & (rank < num_reveal[:, None])
+    z = jnp.where(reveal, draw(jax.random.fold_in(key, step), logits), z)
+    return i + 1, z, first_bad, steps.record(trajectory, i, z, logits, alpha)
+
+  init = (jnp.int32(0), z, jnp.int32(-1), trajectory)
+  nfe, z, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
