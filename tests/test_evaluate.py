@@ -13,7 +13,7 @@ import pytest
 from md4jax import config_lib
 from md4jax.data import sources
 from md4jax.diffusion import groundtruth
-from md4jax.evaluation import evaluate, plots, report
+from md4jax.evaluation import estimates, evaluate, plots, report
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 
@@ -292,13 +292,13 @@ def test_generative_perplexity_of_exact_samples_is_exp_entropy():
   length, n = 16, 2000
   samples = language.sample(jax.random.PRNGKey(0), n, length)
   nats = -np.asarray(language.log_prob(samples), np.float64)
-  perplexity, stderr = evaluate.generative_perplexity(nats, np.full(n, length))
+  perplexity, stderr = estimates.generative_perplexity(nats, np.full(n, length))
   assert perplexity == pytest.approx(math.exp(language.entropy(length) / length), abs=3 * stderr)
   assert 0 < stderr < 0.05 * perplexity
 
 
 def test_sample_entropy():
-  entropy, _ = evaluate.sample_entropy(np.array([[0, 1, 2, 3], [5, 5, 5, 5]]))
+  entropy, _ = estimates.sample_entropy(np.array([[0, 1, 2, 3], [5, 5, 5, 5]]))
   assert entropy == pytest.approx((2.0 + 0.0) / 2)
 
 

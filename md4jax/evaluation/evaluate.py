@@ -27,6 +27,7 @@ import numpy as np
 from md4jax import config_lib, rng
 from md4jax.data import sources
 from md4jax.diffusion import bounds, schedules
+from md4jax.evaluation import estimates
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
@@ -192,67 +193,6 @@ def make_eval_fn(
   )
 
 
-def mean_and_stderr(values: np.ndarray) -> tuple[float, float]:
-  """The mean of independent values and its standard error (NaN for a single value)."""
-  stderr = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-  return float(values.mean()), float(stderr)
-
-
-def per_token_and_stderr(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[float, float]:
-  """Σ nats / Σ tokens (per valid token, never per mask) and its delta-method standard error."""
-  ratio = nats.sum() / num_tokens.sum()
-  residual = nats - ratio * num_tokens
-  n = len(nats)
-  stderr = (
-    math.sqrt((residual**2).sum() / (n * (n - 1))) / num_tokens.mean() if n > 1 else float("nan")
-  )
-  return float(ratio), float(stderr)
-
-
-def _bits(nats: np.ndarray, num_tokens: np.ndarray) -> dict:
-  per_token, stderr = per_token_and_stderr(nats, num_tokens)
-  return {"bits_per_token": per_token / math.log(2.0), "stderr": stderr / math.log(2.0)}
-
-
-def loss_profile(nats: np.ndarray, num_tokens: np.ndarray, schedule: str) -> dict:
-  """eval.json's loss_profile from profile_nats [rows, bins]: bits/token ± SE per bin and their mean.
-
-  The mean is the continuous bound only when the schedule needs no endpoint terms
-  (endpoint_terms_excluded False): α(0) = 1 and α(1) = 0.
-  """
-  bins = nats.shape[1]
-  per_bin = [_bits(nats[:, b], num_tokens) for b in range(bins)]
-  mean = _bits(nats.mean(axis=1), num_tokens)  # Per row first: the bins share rows.
-  alpha = schedules.get_schedule(schedule)
-  return {
-    "schedule": schedule,
-    "t_edges": [b / bins for b in range(bins + 1)],
-    "endpoint_terms_excluded": bool(alpha.needs_reconstruction_term or alpha.needs_prior_term),
-    "bits_per_token": [f["bits_per_token"] for f in per_bin],
-    "stderr": [f["stderr"] for f in per_bin],
-    "mean_bits_per_token": mean["bits_per_token"],
-    "mean_stderr": mean["stderr"],
-  }
-
-
-def side_by_side(
-  nats: np.ndarray, judge_nats: np.ndarray, num_tokens: np.ndarray, judge_workdir: str
-) -> dict:
-  """The evaluated model against the AR judge on the same rows: both figures, their paired
-  difference and ratio, each ± a standard error over rows."""
-  judge_bits, difference = _bits(judge_nats, num_tokens), _bits(nats - judge_nats, num_tokens)
-  ratio, ratio_stderr = per_token_and_stderr(nats, judge_nats)  # Σ model / Σ judge.
-  return {
-    "judge_workdir": judge_workdir,
-    "judge_nll_bits_per_token": judge_bits["bits_per_token"],
-    "judge_nll_bits_per_token_stderr": judge_bits["stderr"],
-    "difference_bits_per_token": difference["bits_per_token"],
-    "difference_bits_per_token_stderr": difference["stderr"],
-    "ratio": ratio,
-    "ratio_stderr": ratio_stderr,
-  }
-
-
 def evaluate(
   config: ml_collections.ConfigDict,
   eval_fn,
@@ -279,12 +219,11 @@ def evaluate(
     if judge is not None:
       outputs[-1]["judge_nats"] = judge.nats(batch)
   columns = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  scored = np.flatnonzero(columns["num_tokens"] > 0)[
-    : config.eval.num_sequences
-  ]  # Padding rows fill the last batch.
+  # Padding rows fill the last batch.
+  scored = np.flatnonzero(columns["num_tokens"] > 0)[: config.eval.num_sequences]
   columns = {k: v[scored] for k, v in columns.items()}
   nats, num_tokens, rows = columns["nats"], columns["num_tokens"], columns["tokens"]
-  headline = _bits(nats, num_tokens)
+  headline = estimates.bits_per_token(nats, num_tokens)
   mean, stderr = headline["bits_per_token"], headline["stderr"]
   results = {
     "nelbo_bits_per_token": mean,
@@ -305,24 +244,27 @@ def evaluate(
   else:
     results.update(estimator=config.eval.estimator, num_mc_samples=config.eval.num_mc_samples)
     results["estimators"] = {
-      name: _bits(columns[f"nats/continuous/{name}"], num_tokens)
+      name: estimates.bits_per_token(columns[f"nats/continuous/{name}"], num_tokens)
       for name in ("standard", "mask_count")
       if f"nats/continuous/{name}" in columns
     }
     if discrete_steps(config) and f"nats/T{discrete_steps(config)[0]}" in columns:
       results["discrete_time"] = {
-        str(steps): _bits(columns[f"nats/T{steps}"], num_tokens) for steps in discrete_steps(config)
+        str(steps): estimates.bits_per_token(columns[f"nats/T{steps}"], num_tokens)
+        for steps in discrete_steps(config)
       }
       results["discrete_time_estimator"] = discrete_estimator(config)
       results["discrete_time_num_mc_samples"] = config.eval.num_discrete_draws
     if "profile_nats" in columns:
-      results["loss_profile"] = loss_profile(
+      results["loss_profile"] = estimates.loss_profile(
         columns["profile_nats"], num_tokens, config.diffusion.schedule
       )
   if objective.is_learned(config):
     results["learned_schedule"] = learned_exponents(params, config, source)
   if judge is not None:
-    results["side_by_side"] = side_by_side(nats, columns["judge_nats"], num_tokens, judge.workdir)
+    results["side_by_side"] = estimates.side_by_side(
+      nats, columns["judge_nats"], num_tokens, judge.workdir
+    )
   lengths = source.text_lengths(rows, columns["editable"].astype(bool))
   if lengths is not None:
     # Per character of the decoded text and per UTF-8 byte the scored ids stand for, so
@@ -338,7 +280,7 @@ def evaluate(
     true_bits = source.true_bits_per_token
     bits = nats / (num_tokens * math.log(2.0))
     # The excess over the exact −log2 p of the same sequences cancels their sampling noise.
-    excess, excess_stderr = mean_and_stderr(bits - source.true_bits_per_token_of(rows))
+    excess, excess_stderr = estimates.mean_and_stderr(bits - source.true_bits_per_token_of(rows))
     results.update(
       true_bits_per_token=true_bits,
       gap_percent=100.0 * (mean - true_bits) / true_bits,
@@ -365,22 +307,6 @@ def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict
 
 
 # ---- Sample quality under a judge ----
-def generative_perplexity(nats: np.ndarray, num_tokens: np.ndarray) -> tuple[float, float]:
-  """exp(Σ judge NLL / Σ tokens) of samples, and its delta-method standard error."""
-  per_token, stderr = per_token_and_stderr(np.asarray(nats, np.float64), np.asarray(num_tokens))
-  return math.exp(per_token), math.exp(per_token) * stderr
-
-
-def sample_entropy(tokens: np.ndarray) -> tuple[float, float]:
-  """Mean over samples of the unigram entropy of each sample's tokens, in bits, ± standard error."""
-  entropies = []
-  for row in np.asarray(tokens):
-    counts = np.unique(row, return_counts=True)[1]
-    p = counts / counts.sum()
-    entropies.append(float(-(p * np.log2(p)).sum()))
-  return mean_and_stderr(np.asarray(entropies))
-
-
 def load_judge(judge_workdir, mesh):
   """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
   workdir = workdir_lib.Workdir(judge_workdir)
@@ -411,13 +337,8 @@ class Judge:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model, params, mesh, workdir: str = ""):
-    self.config, self.model, self.params, self.mesh, self.workdir = (
-      config,
-      model,
-      params,
-      mesh,
-      workdir,
-    )
+    self.config, self.model, self.params = config, model, params
+    self.mesh, self.workdir = mesh, workdir
 
     def score(params, batch):
       with sharding.activation_rules(mesh):
@@ -464,9 +385,8 @@ class Judge:
   def nats(self, batch: dict) -> np.ndarray:
     """Exact NLL in nats of each row's editable tokens [B] under the judge (host batch dict)."""
     rows = batch["tokens"].shape[0]
-    missing = (
-      -rows % self.mesh.devices.size
-    )  # Rows that are not editable fill the last device's share.
+    # Rows that are not editable fill the last device's share.
+    missing = -rows % self.mesh.devices.size
     padded = sources.pad_rows(batch, missing)
     nats = self._score(self.params, sharding.device_batch(padded, self.mesh))
     return np.asarray(sharding.to_host(nats), np.float64)[:rows]
@@ -479,10 +399,10 @@ class Judge:
     tokens = np.asarray(tokens, np.int32)
     batch = sources.dense_batch(tokens)
     batch["editable"][:, :prompt_length] = False
-    perplexity, perplexity_stderr = generative_perplexity(
+    perplexity, perplexity_stderr = estimates.generative_perplexity(
       self.nats(batch), batch["editable"].sum(-1)
     )
-    entropy, entropy_stderr = sample_entropy(tokens[:, prompt_length:])
+    entropy, entropy_stderr = estimates.sample_entropy(tokens[:, prompt_length:])
     return {
       "generative_perplexity": perplexity,
       "generative_perplexity_stderr": perplexity_stderr,

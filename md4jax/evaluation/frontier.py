@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 
 from md4jax import config_lib, rng
-from md4jax.evaluation import evaluate, plots
+from md4jax.evaluation import estimates, evaluate, plots
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
 
@@ -70,7 +70,7 @@ def _point_config(config: ml_collections.ConfigDict, setting: dict) -> ml_collec
 
 def _true_figures(source, tokens: np.ndarray) -> dict:
   """Exact −log2 p per token of the rows under the data's law, and its perplexity, ± SE."""
-  mean, stderr = evaluate.mean_and_stderr(source.true_bits_per_token_of(tokens))
+  mean, stderr = estimates.mean_and_stderr(source.true_bits_per_token_of(tokens))
   return {
     "true_bits_per_token": mean,
     "true_bits_per_token_stderr": stderr,
@@ -83,7 +83,7 @@ def _scores(tokens: np.ndarray, judge: Optional[evaluate.Judge], source, knows_t
   if judge is not None:
     scores = judge.score(tokens)
   else:
-    entropy, entropy_stderr = evaluate.sample_entropy(tokens)
+    entropy, entropy_stderr = estimates.sample_entropy(tokens)
     scores = {"sample_entropy": entropy, "sample_entropy_stderr": entropy_stderr}
   if knows_truth:
     scores.update(_true_figures(source, tokens))
