@@ -78,10 +78,14 @@ class Attention(nn.Module):
   block_layout: tuple = ()
 
   @nn.compact
-  def __call__(self, x, rope, mask=None, segment_ids=None):
+  def __call__(self, x, rope, mask=None, segment_ids=None, cache=None):
     """x [B, L, D]; rope (cos, sin) [B or 1, L, Dh / 2] (`rope_cos_sin`); mask [B, 1, L, L]
     bool (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of
-    the mask)."""
+    the mask).
+
+    cache (keys, values [B, C, H, Dh], valid [C] bool): x is one block that reads the valid
+    cached positions and itself (block diffusion's sampler); returns (out, (k, v) of x).
+    """
     pattern = block_pattern(x.shape[1], *self.block_layout) if self.block_layout else None
     if pattern is not None and self.implementation != "splash":
       mask = pattern[None, None] if mask is None else mask & pattern[None, None]
@@ -105,7 +109,17 @@ class Attention(nn.Module):
     q, k = (constrain(a, HEADS) for a in jnp.unstack(qk, axis=2))  # each [B, L, H, Dh]
     v = constrain(v[:, :, 0], HEADS)
     # With a mask and causal both, attention is allowed where the mask is True and causality holds.
-    if self.implementation == "splash":
+    if cache is not None:
+      cached_k, cached_v, valid = cache
+      own = jnp.ones((x.shape[1], x.shape[1]), bool)
+      allowed = jnp.concatenate([jnp.broadcast_to(valid, (x.shape[1], valid.shape[0])), own], -1)
+      out = softmax_attention(
+        q,
+        jnp.concatenate([cached_k.astype(k.dtype), k], axis=1),
+        jnp.concatenate([cached_v.astype(v.dtype), v], axis=1),
+        allowed[None, None],
+      )
+    elif self.implementation == "splash":
       out = splash_attention(q, k, v, segment_ids, self.causal, pattern=pattern)
     elif self.implementation == "cudnn":
       out = jax.nn.dot_product_attention(
@@ -115,7 +129,7 @@ class Attention(nn.Module):
       out = softmax_attention(q, k, v, mask, self.causal)
     out = constrain(out, HEADS)
     out_init = kernel_init(self.weight_init, self.num_layers, (0, 1), 2, writes_residual=True)
-    return Projection(
+    out = Projection(
       (self.num_heads, head_dim, model_dim),
       2,
       ("heads", "head_dim", "embed"),
@@ -123,3 +137,4 @@ class Attention(nn.Module):
       self.dtype,
       name="out",
     )(out)
+    return out if cache is None else (out, (k, v))

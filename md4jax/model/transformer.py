@@ -74,9 +74,9 @@ class Block(nn.Module):
   block_layout: tuple = ()  # Attention's.
 
   @nn.compact
-  def __call__(self, x, cond, mask, rope, segment_ids=None):
-    """x [B, L, D]; cond [B, C] (the activated time embedding) or None; mask, rope and
-    segment_ids as Attention takes them."""
+  def __call__(self, x, cond, mask, rope, segment_ids=None, cache=None):
+    """x [B, L, D]; cond [B, C] (the activated time embedding) or None; mask, rope,
+    segment_ids and cache as Attention takes them (with cache: returns (x, x's keys and values))."""
     model_dim = x.shape[-1]
     norm = lambda name: make_norm(self.norm, self.norm_eps, self.dtype, name)
     attn = Attention(
@@ -90,19 +90,29 @@ class Block(nn.Module):
       name="attn",
     )
     mlp = SwiGLU(self.mlp_dim, self.weight_init, self.num_layers, self.dtype, self.mlp, name="mlp")
+    kv = None
+
+    def attend(h):
+      nonlocal kv
+      out = attn(h, rope, mask, segment_ids, cache)
+      if cache is None:
+        return out
+      out, kv = out
+      return out
+
     if cond is None:
-      x = x + attn(norm("attn_norm")(x), rope, mask, segment_ids)
-      return constrain(x + mlp(norm("mlp_norm")(x)), HIDDEN)
+      x = x + attend(norm("attn_norm")(x))
+      x = constrain(x + mlp(norm("mlp_norm")(x)), HIDDEN)
+      return x if cache is None else (x, kv)
     # Zero init: gates are 0, so the block starts as the identity and the
     # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
     cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)  # A narrower one: whole.
     mod = adaln_projection(6 * model_dim, cond_names, self.biases, self.dtype, "adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attn(
-      modulate(norm("attn_norm")(x), shift1, scale1), rope, mask, segment_ids
-    )
+    x = x + gate1[:, None, :] * attend(modulate(norm("attn_norm")(x), shift1, scale1))
     x = x + gate2[:, None, :] * mlp(modulate(norm("mlp_norm")(x), shift2, scale2))
-    return constrain(x, HIDDEN)
+    x = constrain(x, HIDDEN)
+    return x if cache is None else (x, kv)
 
 
 class _ScannedBlock(nn.Module):
@@ -112,8 +122,9 @@ class _ScannedBlock(nn.Module):
   kwargs: dict
 
   @nn.compact
-  def __call__(self, x, cond, mask, rope, segment_ids):
-    return self.block(**self.kwargs, name="block")(x, cond, mask, rope, segment_ids), None
+  def __call__(self, x, cond, mask, rope, segment_ids, cache):
+    out = self.block(**self.kwargs, name="block")(x, cond, mask, rope, segment_ids, cache)
+    return out if cache is not None else (out, None)
 
 
 def _remat_policy(remat: str):
@@ -221,7 +232,9 @@ class Transformer(nn.Module):
       )
     return (self.block_size, clean is not None)
 
-  def _blocks(self, x, cond, mask, rope, segment_ids, block_layout):
+  def _blocks(self, x, cond, mask, rope, segment_ids, block_layout, cache=None):
+    """x after every block; with cache (keys, values [N, B, C, H, Dh], valid [C]): (x, the
+    blocks' own keys and values [N, B, L, H, Dh])."""
     kwargs = dict(
       block_layout=block_layout,
       num_heads=self.num_heads,
@@ -240,23 +253,36 @@ class Transformer(nn.Module):
     if self.remat != "none":
       # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
       block = nn.remat(Block, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers)
+    layer_caches = None
+    if cache is not None:
+      keys, values, valid = cache
+      layer_caches = (keys, values, jnp.broadcast_to(valid, (self.num_layers, *valid.shape)))
     if not self.scan_layers:
+      new_kv = []
       for i in range(self.num_layers):
-        x = block(**kwargs, name=f"block_{i}")(x, cond, mask, rope, segment_ids)
-      return x
+        layer_cache = None if cache is None else jax.tree.map(lambda a, i=i: a[i], layer_caches)
+        x = block(**kwargs, name=f"block_{i}")(x, cond, mask, rope, segment_ids, layer_cache)
+        if cache is not None:
+          x, kv = x
+          new_kv.append(kv)
+      if cache is None:
+        return x
+      return x, jax.tree.map(lambda *a: jnp.stack(a), *new_kv)
     scanned = nn.scan(
       _ScannedBlock,
       variable_axes={"params": 0},
       split_rngs={"params": True},
-      in_axes=(nn.broadcast,) * 4,
+      in_axes=(nn.broadcast,) * 4 + (0,),
       length=self.num_layers,
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    x, _ = scanned(block, kwargs, name="blocks")(x, cond, mask, rope, segment_ids)
-    return x
+    x, new_kv = scanned(block, kwargs, name="blocks")(
+      x, cond, mask, rope, segment_ids, layer_caches
+    )
+    return x if cache is None else (x, new_kv)
 
   @nn.compact
-  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None, clean=None):
+  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None, clean=None, cache=None):
     """tokens [B, L] int32; alpha [B] float or None: the time value per sequence, alpha(t) or t
     (`md4jax.training.objective.denoiser` passes what config.model.time_input names).
 
@@ -268,12 +294,17 @@ class Transformer(nn.Module):
     and the clean blocks before it (`attention.block_pattern`), and returns the logits of
     every noisy block at once: what one call per block, each on the clean prefix and the noisy
     block, would give.
+    cache {"k", "v": [N, B, C, H, Dh], "valid": [C] bool} (block diffusion's sampler): tokens
+    are one block at absolute positions (given, any size) that reads the valid cached keys and
+    values and itself; returns (logits, {"k", "v": the block's own, [N, B, L, H, Dh]}).
     """
     self._check_config(alpha)
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
     chex.assert_type(tokens, int, custom_message="Transformer: tokens must be integer ids")
     length = tokens.shape[1]
-    block_layout = self._block_layout(length, clean)
+    if cache is not None and (clean is not None or segment_ids is not None or positions is None):
+      raise ValueError("cache takes one block with its positions, without clean or segment_ids")
+    block_layout = () if cache is not None else self._block_layout(length, clean)
     if clean is not None:
       if jnp.shape(clean) != tokens.shape:
         raise ValueError(
@@ -297,7 +328,7 @@ class Transformer(nn.Module):
       raise ValueError(
         f"positions must have the tokens' shape {tokens.shape}, got {jnp.shape(positions)}"
       )
-    if positions is not None and not isinstance(positions, jax.core.Tracer):
+    if cache is None and positions is not None and not isinstance(positions, jax.core.Tracer):
       # Traced positions out of range give NaN logits (rope_cos_sin); known ones are refused here.
       known = np.asarray(positions)
       outside = known[(known < 0) | (known >= length)]
@@ -355,8 +386,14 @@ class Transformer(nn.Module):
     head_dim = self.model_dim // self.num_heads
     if positions is None:
       positions = np.arange(tokens.shape[1])[None] % length  # The clean stream's repeat z_t's.
-    rope = rope_cos_sin(positions, head_dim, self.rope_base, num_positions=length)
-    x = self._blocks(x, cond, mask, rope, segment_ids, block_layout)
+    if cache is None:
+      rope = rope_cos_sin(positions, head_dim, self.rope_base, num_positions=length)
+      x = self._blocks(x, cond, mask, rope, segment_ids, block_layout)
+    else:  # Positions past any table: cos and sin evaluated in the network.
+      rope = rope_cos_sin(positions, head_dim, self.rope_base)
+      x, new_kv = self._blocks(
+        x, cond, mask, rope, segment_ids, block_layout, (cache["k"], cache["v"], cache["valid"])
+      )
     x = x[:, :length]  # With clean: the noisy stream's.
 
     x = make_norm(self.norm, self.norm_eps, self.dtype, "final_norm")(x)
@@ -377,7 +414,8 @@ class Transformer(nn.Module):
       name="logits",
     )(x)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
-    return constrain(logits, ("batch", "length", "vocab"))
+    logits = constrain(logits, ("batch", "length", "vocab"))
+    return logits if cache is None else (logits, {"k": new_kv[0], "v": new_kv[1]})
 
 
 def count_params(params) -> int:

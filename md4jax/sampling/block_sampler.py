@@ -1,0 +1,219 @@
+"""Block diffusion's sampler (BD3-LM): blocks of b tokens generated one after another, each by any
+of `sample`'s methods given the clean blocks before it, so generation has no length limit.
+
+Two paths that draw the same tokens on the same key:
+  `sample_blocks`: the reference, over any denoise_fn(z, alpha) (the exact oracle too): block
+    k's calls run the denoiser on the clean blocks before it and the noisy block, and read the
+    block's logits. Past the context, on its last context_length tokens (a window re-run).
+  `sample_blocks_cached`: a block-causal `Transformer` (block_size > 0) with an exact KV cache:
+    each finished block's keys and values are computed once, in one extra call on the clean
+    block, and every later call reads them; a call runs the network on b tokens, not on the
+    window. Past the context the cache is a sliding window of the last context_length − b
+    tokens (a ring of whole blocks); their keys and values are the ones computed when each
+    block was written, with the context it had then.
+"""
+
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from md4jax.sampling import samplers
+
+Array = jax.Array
+
+
+def _prompt_arrays(prompt, batch_size: int, padded_length: int, mask_id: int):
+  """(tokens [B, K b] with the prompt, masks after it; given [K b] bool)."""
+  tokens = jnp.full((batch_size, padded_length), mask_id, jnp.int32)
+  given = np.zeros(padded_length, bool)
+  if prompt is not None:
+    prompt = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, jnp.shape(prompt)[-1]))
+    if prompt.shape[1] > padded_length:
+      raise ValueError(f"The prompt ({prompt.shape[1]} tokens) is longer than the sample.")
+    tokens = tokens.at[:, : prompt.shape[1]].set(prompt)
+    given[: prompt.shape[1]] = True
+  return tokens, jnp.asarray(given)
+
+
+def _check(length: int, block_size: int, context_length: Optional[int]) -> int:
+  """The number of blocks; refuses shapes the sampler cannot run."""
+  if block_size < 1 or length < 1:
+    raise ValueError(f"Need block_size >= 1 and length >= 1, got {block_size}, {length}.")
+  if context_length is not None and (context_length < block_size or context_length % block_size):
+    raise ValueError(
+      f"context_length must be a multiple of block_size {block_size}, got {context_length}."
+    )
+  return math.ceil(length / block_size)
+
+
+def sample_blocks(
+  key: Array,
+  denoise_fn,
+  *,
+  batch_size: int,
+  length: int,
+  block_size: int,
+  schedule,
+  mask_id: int,
+  context_length: Optional[int] = None,
+  prompt: Optional[Array] = None,
+  method: str = "ancestral",
+  **sample_kwargs,
+):
+  """Block after block through denoise_fn on the clean prefix (its last context_length − b
+  tokens; None: all of it) and the noisy block. prompt: a prefix [P] or [B, P], clamped.
+  sample_kwargs go to `sample` for every block (num_steps, temperature, ...).
+
+  Returns (tokens [B, length] int32, info): info["nfe"] the denoiser calls, info["num_blocks"].
+  """
+  num_blocks = _check(length, block_size, context_length)
+  tokens, given = _prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
+  keep = None if context_length is None else context_length - block_size
+  nfe = 0
+  for block in range(num_blocks):
+    start, end = block * block_size, (block + 1) * block_size
+    prefix = tokens[:, :start] if keep is None else tokens[:, max(0, start - keep) : start]
+    offset = prefix.shape[1]
+
+    def block_denoiser(z, alpha, prefix=prefix, offset=offset):
+      return denoise_fn(jnp.concatenate([prefix, z], axis=1), alpha)[:, offset:]
+
+    new, info = samplers.sample(
+      jax.random.fold_in(key, block),
+      block_denoiser,
+      batch_size=batch_size,
+      length=block_size,
+      schedule=schedule,
+      mask_id=mask_id,
+      method=method,
+      prompt=tokens[:, start:end],
+      prompt_mask=given[start:end],
+      **sample_kwargs,
+    )
+    tokens = tokens.at[:, start:end].set(new)
+    nfe += int(info["nfe"])
+  return tokens[:, :length], {"nfe": nfe, "num_blocks": num_blocks}
+
+
+def cache_bytes(model, batch_size: int, context_length: int, block_size: int) -> int:
+  """Bytes of `sample_blocks_cached`'s KV cache: keys and values of every layer."""
+  head_dim = model.model_dim // model.num_heads
+  slots = context_length - block_size
+  itemsize = jnp.dtype(model.dtype).itemsize
+  return 2 * model.num_layers * batch_size * slots * model.num_heads * head_dim * itemsize
+
+
+@functools.lru_cache(maxsize=8)  # Bounded: each entry holds a compiled loop.
+def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, settings: tuple):
+  """The cached sampler's jitted loop fn(key, params, tokens, given) for one shape
+  (batch_size, block_size, num_blocks, slots) and `sample`'s other settings."""
+  batch_size, block_size, num_blocks, slots = shape
+  ring = max(slots // block_size, 1)
+  clean_alpha = jnp.ones((batch_size,), jnp.float32)  # A time-conditioned network: α = 1.
+  cache_shape = (
+    model.num_layers,
+    batch_size,
+    slots,
+    model.num_heads,
+    model.model_dim // model.num_heads,
+  )
+
+  def run(key, params, tokens, given):
+    def one_block(block, carry):
+      tokens, cache, nfe, broken = carry
+      start = block * block_size
+      positions = jnp.broadcast_to(start + jnp.arange(block_size), (batch_size, block_size))
+
+      def call(z, alpha):
+        return model.apply({"params": params}, z, alpha, positions=positions, cache=cache)
+
+      new, info = samplers.sample(
+        jax.random.fold_in(key, block),
+        lambda z, alpha: call(z, alpha)[0],
+        batch_size=batch_size,
+        length=block_size,
+        schedule=schedule,
+        mask_id=mask_id,
+        method=method,
+        prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
+        prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
+        **dict(settings),
+      )
+      broken = jnp.where(
+        (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
+      )
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
+      if slots:
+        _, written = call(new, clean_alpha)
+        slot = (block % ring) * block_size
+        cache = {
+          "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], written["k"], slot, axis=2),
+          "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], written["v"], slot, axis=2),
+          "valid": jax.lax.dynamic_update_slice_in_dim(
+            cache["valid"], jnp.ones(block_size, bool), slot, axis=0
+          ),
+        }
+      return tokens, cache, nfe + info["nfe"], broken
+
+    cache = {
+      "k": jnp.zeros(cache_shape, model.dtype),
+      "v": jnp.zeros(cache_shape, model.dtype),
+      "valid": jnp.zeros(slots, bool),
+    }
+    carry = (tokens, cache, jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32))
+    tokens, _, nfe, broken = jax.lax.fori_loop(0, num_blocks, one_block, carry)
+    return tokens, nfe, broken
+
+  return jax.jit(run)
+
+
+def sample_blocks_cached(
+  key: Array,
+  model,
+  params,
+  *,
+  batch_size: int,
+  length: int,
+  block_size: int,
+  context_length: int,
+  schedule,
+  mask_id: int,
+  prompt: Optional[Array] = None,
+  method: str = "ancestral",
+  **sample_kwargs,
+):
+  """`sample_blocks` for a block-causal Transformer (model.block_size == block_size), with
+  the clean blocks' keys and values cached (the module docstring); one compiled loop, kept
+  for the next call with the same model, shape and settings.
+
+  Returns (tokens [B, length] int32, info): info["nfe"] the calls that sample (as
+  `sample_blocks` counts them), info["cache_writes"] the calls that write the cache (one a
+  block), info["num_blocks"] and info["cache_bytes"].
+  """
+  num_blocks = _check(length, block_size, context_length)
+  if model.block_size != block_size:
+    raise ValueError(
+      f"The model reads blocks of {model.block_size} tokens; block_size is {block_size}."
+    )
+  tokens, given = _prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
+  slots = context_length - block_size  # Whole blocks: the ring never splits one.
+  shape = (batch_size, block_size, num_blocks, slots)
+  settings = (model, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
+  try:
+    run = _compiled_loop(*settings)
+  except TypeError:  # An unhashable setting: compile for this call only.
+    run = _compiled_loop.__wrapped__(*settings)
+  tokens, nfe, broken = run(key, params, tokens, given)
+  info = {
+    "nfe": nfe,
+    "cache_writes": num_blocks if slots else 0,
+    "num_blocks": num_blocks,
+    "cache_bytes": cache_bytes(model, batch_size, context_length, block_size),
+    "nonfinite_call": broken,
+  }
+  samplers.check_logits(info, method)
+  return tokens[:, :length], info
