@@ -8,7 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from md4jax.data import corpora
+from md4jax.data import corpora, documents
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -122,7 +122,7 @@ def test_openwebtext_stand_in_holds_out_at_most_the_last_100k(tmp_path):
 def test_documents_ranges_cross_files(tmp_path):
   for i in range(3):
     (tmp_path / f"{i}.txt").write_text("\n".join(f"{i}-{j}" for j in range(4)))
-  docs = corpora.Documents(corpora.list_files(tmp_path))
+  docs = documents.Documents(documents.list_files(tmp_path))
   head, tail = docs.split(5)
   assert list(head) == ["0-0", "0-1", "0-2", "0-3", "1-0"]
   _, middle = head.split(3)
@@ -151,7 +151,7 @@ def test_conditional_pairs_split_like_local_corpora(tmp_path):
   )
   train, validation = list(corpus.train), list(corpus.validation)
   assert len(train) == 38 and len(validation) == 2
-  assert train[0] == corpora.Example("prompt 0", "response 0", f"{tmp_path / 'pairs.jsonl'}:1")
+  assert train[0] == documents.Example("prompt 0", "response 0", f"{tmp_path / 'pairs.jsonl'}:1")
   assert validation[-1].where.endswith("pairs.jsonl:41")  # Line numbers count blank lines.
   assert list(corpus.train.texts())[:4] == ["prompt 0", "response 0", "prompt 1", "response 1"]
   other = corpora.load_corpus(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from md4jax.data import corpora, pipeline
+from md4jax.data import documents, pipeline
 from md4jax.data import sources as data_lib
 from md4jax.data.pipeline import EvalBatches, TokenizedDocs, TrainIterator
 from md4jax.data.tokenizer import BpeTokenizer
@@ -453,7 +453,7 @@ def test_conditional_prompt_longer_than_a_row_names_the_example(tmp_path):
 
 def test_conditional_examples_need_document_rows():
   docs = pipeline.tokenize_examples(
-    [corpora.Example("x", "ab", "f:1")] * 3,
+    [documents.Example("x", "ab", "f:1")] * 3,
     pipeline.tokenizer_lib.CharTokenizer("abx", eos=True),
     seq_len=8,
   )

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from md4jax.data import corpora
+from md4jax.data import documents
 
 # Documents are encoded this many at a time (BPE encodes a batch in parallel).
 _ENCODE_BATCH = 1024
@@ -126,7 +126,7 @@ def tokenize(documents: Iterable[str], tok, *, cache: Optional[str] = None) -> T
 
 
 def tokenize_examples(
-  examples: Iterable[corpora.Example], tok, *, seq_len: int, cache: Optional[str] = None
+  examples: Iterable[documents.Example], tok, *, seq_len: int, cache: Optional[str] = None
 ) -> TokenizedDocs:
   """Conditional examples as documents [prompt][response][EOS], cut to seq_len tokens.
 
