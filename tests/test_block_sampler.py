@@ -66,7 +66,7 @@ def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
   np.testing.assert_array_equal(np.asarray(cached), np.asarray(reference))
   assert not np.any(np.asarray(cached) == MASK_ID)
   np.testing.assert_array_equal(np.asarray(cached)[:, :5], np.tile([1, 2, 3, 4, 5], (8, 1)))
-  assert int(cached_info["nfe"]) == info["nfe"] and info["num_blocks"] == 4
+  assert int(cached_info["nfe"]) == int(info["nfe"]) and info["num_blocks"] == 4
   assert cached_info["cache_writes"] == 4
   assert cached_info["cache_bytes"] == 2 * 2 * 8 * 12 * 32 * 4  # K, V · layers · B · slots · D · 4.
   if method in ("ancestral", "first_hitting", "jump"):  # The others decode greedily.

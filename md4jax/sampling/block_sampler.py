@@ -3,8 +3,9 @@ of `sample`'s methods given the clean blocks before it, so generation has no len
 
 Two paths that draw the same tokens on the same key:
   `sample_blocks`: the reference, over any denoise_fn(z, alpha) (the exact oracle too): block
-    k's calls run the denoiser on the clean blocks before it and the noisy block, and read the
-    block's logits. Past the context, on its last context_length tokens (a window re-run).
+    k's calls run the denoiser on the clean blocks before it, the noisy block and the later
+    positions masked, and read the block's logits; past the context, on a window of
+    context_length tokens ending with the block (the window re-run at every call).
   `sample_blocks_cached`: a block-causal `Transformer` (block_size > 0) with an exact KV cache:
     each finished block's keys and values are computed once, in one extra call on the clean
     block, and every later call reads them; a call runs the network on b tokens, not on the
@@ -50,6 +51,58 @@ def _check(length: int, block_size: int, context_length: Optional[int]) -> int:
   return math.ceil(length / block_size)
 
 
+@functools.lru_cache(maxsize=8)  # Bounded: each entry holds its denoiser.
+def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape, settings):
+  """The reference's jitted loop fn(key, tokens, given) for one shape (batch_size, block_size,
+  num_blocks, window)."""
+  batch_size, block_size, num_blocks, window = shape
+  columns = jnp.arange(window)
+
+  def run(key, tokens, given):
+    def one_block(block, carry):
+      tokens, nfe, broken = carry
+      start, end = block * block_size, (block + 1) * block_size
+      first = jnp.maximum(end - window, 0)  # The window's first position.
+      shown = jax.lax.dynamic_slice_in_dim(tokens, first, window, axis=1)
+      # Later blocks are masked (a prompt reaching into them is not shown yet).
+      shown = jnp.where(first + columns < end, shown, mask_id)
+      offset = start - first
+
+      def block_denoiser(z, alpha):
+        logits = denoise_fn(jax.lax.dynamic_update_slice_in_dim(shown, z, offset, axis=1), alpha)
+        return jax.lax.dynamic_slice_in_dim(logits, offset, block_size, axis=1)
+
+      new, info = samplers.sample(
+        jax.random.fold_in(key, block),
+        block_denoiser,
+        batch_size=batch_size,
+        length=block_size,
+        schedule=schedule,
+        mask_id=mask_id,
+        method=method,
+        prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
+        prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
+        **dict(settings),
+      )
+      broken = jnp.where(
+        (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
+      )
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
+      return tokens, nfe + info["nfe"], broken
+
+    carry = (tokens, jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32))
+    return jax.lax.fori_loop(0, num_blocks, one_block, carry)
+
+  return jax.jit(run)
+
+
+def _compiled(builder, settings: tuple):
+  try:
+    return builder(*settings)
+  except TypeError:  # An unhashable setting: compile for this call only.
+    return builder.__wrapped__(*settings)
+
+
 def sample_blocks(
   key: Array,
   denoise_fn,
@@ -64,39 +117,24 @@ def sample_blocks(
   method: str = "ancestral",
   **sample_kwargs,
 ):
-  """Block after block through denoise_fn on the clean prefix (its last context_length − b
-  tokens; None: all of it) and the noisy block. prompt: a prefix [P] or [B, P], clamped.
-  sample_kwargs go to `sample` for every block (num_steps, temperature, ...).
+  """Block after block, each block's calls running denoise_fn on a window of context_length
+  tokens (None: the whole sample) that ends with the block: the clean prefix, the noisy block,
+  and any later positions masked. prompt: a prefix [P] or [B, P], clamped. sample_kwargs go to
+  `sample` for every block (num_steps, temperature, ...). One compiled loop, kept for the next
+  call with the same denoiser, shape and settings.
 
   Returns (tokens [B, length] int32, info): info["nfe"] the denoiser calls, info["num_blocks"].
   """
   num_blocks = _check(length, block_size, context_length)
-  tokens, given = _prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
-  keep = None if context_length is None else context_length - block_size
-  nfe = 0
-  for block in range(num_blocks):
-    start, end = block * block_size, (block + 1) * block_size
-    prefix = tokens[:, :start] if keep is None else tokens[:, max(0, start - keep) : start]
-    offset = prefix.shape[1]
-
-    def block_denoiser(z, alpha, prefix=prefix, offset=offset):
-      return denoise_fn(jnp.concatenate([prefix, z], axis=1), alpha)[:, offset:]
-
-    new, info = samplers.sample(
-      jax.random.fold_in(key, block),
-      block_denoiser,
-      batch_size=batch_size,
-      length=block_size,
-      schedule=schedule,
-      mask_id=mask_id,
-      method=method,
-      prompt=tokens[:, start:end],
-      prompt_mask=given[start:end],
-      **sample_kwargs,
-    )
-    tokens = tokens.at[:, start:end].set(new)
-    nfe += int(info["nfe"])
-  return tokens[:, :length], {"nfe": nfe, "num_blocks": num_blocks}
+  padded = num_blocks * block_size
+  tokens, given = _prompt_arrays(prompt, batch_size, padded, mask_id)
+  window = padded if context_length is None else min(context_length, padded)
+  shape = (batch_size, block_size, num_blocks, window)
+  settings = (denoise_fn, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
+  tokens, nfe, broken = _compiled(_compiled_window_loop, settings)(key, tokens, given)
+  info = {"nfe": nfe, "num_blocks": num_blocks, "nonfinite_call": broken}
+  samplers.check_logits(info, method)
+  return tokens[:, :length], info
 
 
 def cache_bytes(model, batch_size: int, context_length: int, block_size: int) -> int:
@@ -203,11 +241,7 @@ def sample_blocks_cached(
   slots = context_length - block_size  # Whole blocks: the ring never splits one.
   shape = (batch_size, block_size, num_blocks, slots)
   settings = (model, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
-  try:
-    run = _compiled_loop(*settings)
-  except TypeError:  # An unhashable setting: compile for this call only.
-    run = _compiled_loop.__wrapped__(*settings)
-  tokens, nfe, broken = run(key, params, tokens, given)
+  tokens, nfe, broken = _compiled(_compiled_loop, settings)(key, params, tokens, given)
   info = {
     "nfe": nfe,
     "cache_writes": num_blocks if slots else 0,
