@@ -4,6 +4,13 @@ r"""Times every sampler of a named model size and prints one JSON object.
   python benchmarks/sampling.py --size=tiny --length=128 --steps=8,32,128
   python benchmarks/sampling.py --size=default --length=256 --batch_size=16 \
       --steps=1000 --methods=ancestral,cached,jump        # The cost-vs-T comparison.
+  python benchmarks/sampling.py --size=default --length=1024 --block_size=16 \
+      --generate=1024,4096 --methods=ancestral --steps=4  # Block diffusion, cache or not.
+
+With --block_size, the model reads blocks (block diffusion) and each method generates
+--generate tokens block after block with a context of --length tokens, twice: with the KV
+cache (`block_sampler.sample_blocks_cached`) and re-running the window at every call
+(`block_sampler.sample_blocks`); tokens/s, calls and the cache's bytes for each.
 
 For each method and step count: sequences/s, the number of network calls
 (NFE) and seconds per network call. The model has random parameters (speed
@@ -21,7 +28,7 @@ from absl import app, flags
 from md4jax import config_lib
 from md4jax.diffusion import schedules
 from md4jax.runtime import allocator, sharding
-from md4jax.sampling import samplers
+from md4jax.sampling import block_sampler, samplers
 from md4jax.training import state as state_lib
 
 _SIZE = flags.DEFINE_enum(
@@ -35,6 +42,10 @@ _REPEATS = flags.DEFINE_integer(
   "repeats", 3, "Timed runs per configuration (after one compile run)."
 )
 _THRESHOLD = flags.DEFINE_float("threshold", 0.9, "The threshold of method 'threshold'.")
+_BLOCK_SIZE = flags.DEFINE_integer("block_size", 0, "Block diffusion's block; 0 = whole sequences.")
+_GENERATE = flags.DEFINE_list(
+  "generate", ["1024", "4096"], "With --block_size: tokens to generate."
+)
 _REUSE_MEMORY = flags.DEFINE_bool(
   "reuse_freed_host_memory",
   None,
@@ -50,16 +61,87 @@ def main(argv):
   reused_memory = reuse and allocator.reuse_freed_host_memory()  # Before JAX's threads start.
   length = _LENGTH.value or config.data.seq_len
   model = state_lib.build_model(config)
-  mask_id = config.data.vocab_size
   params = state_lib.init_state(
     config, model, state_lib.make_optimizer(config), sharding.make_mesh(config)
   ).params
   schedule = schedules.get_schedule(config.diffusion.schedule)
+  if _BLOCK_SIZE.value:
+    results = time_blocks(model.clone(block_size=_BLOCK_SIZE.value), params, length, schedule)
+  else:
+    results = time_whole(model, params, length, schedule)
+  print(
+    json.dumps(
+      {
+        "size": _SIZE.value,
+        "length": length,
+        "batch_size": _BATCH_SIZE.value,
+        "block_size": _BLOCK_SIZE.value,
+        "reuse_freed_host_memory": reused_memory,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "results": results,
+      },
+      indent=2,
+    )
+  )
+
+
+def _settings(method: str):
+  """(num_steps, threshold) of every configuration of a method."""
+  stepless = method in ("first_hitting", "threshold")
+  threshold = _THRESHOLD.value if method == "threshold" else None
+  return [(num_steps, threshold) for num_steps in ([None] if stepless else map(int, _STEPS.value))]
+
+
+def time_blocks(model, params, context: int, schedule) -> list:
+  """Block diffusion with and without the KV cache, at every --generate length."""
+  results = []
+  denoise_fn = lambda z, a: model.apply({"params": params}, z, a)  # One object: compiled once.
+  for method in _METHODS.value:
+    for (num_steps, threshold), total in (
+      (setting, int(total)) for setting in _settings(method) for total in _GENERATE.value
+    ):
+      common = dict(
+        batch_size=_BATCH_SIZE.value,
+        length=total,
+        block_size=_BLOCK_SIZE.value,
+        context_length=context,
+        schedule=schedule,
+        mask_id=model.vocab_size,
+        method=method,
+        num_steps=num_steps,
+        threshold=threshold,
+      )
+      runs = {
+        "cached": lambda key, common=common: block_sampler.sample_blocks_cached(
+          key, model, params, **common
+        ),
+        "window": lambda key, common=common: block_sampler.sample_blocks(key, denoise_fn, **common),
+      }
+      row = {"method": method, "num_steps": num_steps, "threshold": threshold, "tokens": total}
+      for name, run in runs.items():
+        _, info = run(jax.random.PRNGKey(0))  # Compiles.
+        start, nfe = time.perf_counter(), 0
+        for repeat in range(_REPEATS.value):
+          _, info = run(jax.random.PRNGKey(repeat + 1))
+          nfe += int(info["nfe"])  # Blocks until this run is done.
+        seconds = (time.perf_counter() - start) / _REPEATS.value
+        row[name] = {
+          "seconds": seconds,
+          "tokens_per_second": _BATCH_SIZE.value * total / seconds,
+          "sampling_calls": nfe / _REPEATS.value,
+          "cache_writes": info.get("cache_writes", 0),
+          "cache_bytes": info.get("cache_bytes", 0),
+        }
+      row["cache_speedup"] = row["window"]["seconds"] / row["cached"]["seconds"]
+      results.append(row)
+  return results
+
+
+def time_whole(model, params, length: int, schedule) -> list:
+  """Every method over whole sequences of `length` tokens."""
   results = []
   for method in _METHODS.value:
-    stepless = method in ("first_hitting", "threshold")
-    threshold = _THRESHOLD.value if method == "threshold" else None
-    for num_steps in [None] if stepless else [int(s) for s in _STEPS.value]:
+    for num_steps, threshold in _settings(method):
       run = jax.jit(
         lambda key, params, method=method, num_steps=num_steps, threshold=threshold: (
           samplers.sample(
@@ -68,7 +150,7 @@ def main(argv):
             batch_size=_BATCH_SIZE.value,
             length=length,
             schedule=schedule,
-            mask_id=mask_id,
+            mask_id=model.vocab_size,
             method=method,
             num_steps=num_steps,
             threshold=threshold,
@@ -93,19 +175,7 @@ def main(argv):
           "seconds_per_network_call": seconds / nfe,
         }
       )
-  print(
-    json.dumps(
-      {
-        "size": _SIZE.value,
-        "length": length,
-        "batch_size": _BATCH_SIZE.value,
-        "reuse_freed_host_memory": reused_memory,
-        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-        "results": results,
-      },
-      indent=2,
-    )
-  )
+  return results
 
 
 if __name__ == "__main__":
