@@ -6,6 +6,7 @@ one fixed order, so of several bad values the same one is reported every time.
 
 import ml_collections
 
+from md4jax import sample_validation
 from md4jax.config_values import (
   DATASETS,
   DTYPES,
@@ -26,7 +27,6 @@ from md4jax.config_values import (
 from md4jax.diffusion import bounds, genmd4, schedules
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
-from md4jax.sampling import samplers
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int, platform: str = "cpu"):
@@ -45,9 +45,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _validate_training(config.training)
   _validate_eval(config)
   _validate_optimizer(config)
-  _validate_sample(config)
-  _validate_frontier(config)
-  _validate_ar_length(config)
+  sample_validation.validate_sampling(config)
 
 
 def _validate_counts(config: ml_collections.ConfigDict):
@@ -299,6 +297,40 @@ def _validate_diffusion(config: ml_collections.ConfigDict):
         f"Invalid config: diffusion.schedule: {e} Learned: {', '.join(schedules.LEARNED_NAMES)}."
       ) from None
   check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
+  _validate_blocks(config)
+
+
+def _validate_blocks(config: ml_collections.ConfigDict):
+  """diffusion.block_size: block diffusion trains a time-free mdm in one two-stream pass."""
+  size, seq_len = config.diffusion.block_size, config.data.seq_len
+  check(
+    size >= 0 and (size == 0 or seq_len % size == 0),
+    f"diffusion.block_size={size} must be 0 or divide data.seq_len={seq_len}.",
+  )
+  if not 0 < size < seq_len:
+    return
+  needs = {
+    "model.type": (config.model.type, "mdm"),
+    "model.time_conditioning": (config.model.time_conditioning, "none"),
+    "training.estimator": (config.training.estimator, "standard"),
+  }
+  for name, (value, wanted) in needs.items():
+    check(
+      value == wanted,
+      f"diffusion.block_size={size} (block diffusion) needs {name}={wanted!r}, got {value!r}: "
+      "the training pass draws t per block and scores every masked token.",
+    )
+  check(
+    config.diffusion.schedule not in schedules.LEARNED_NAMES,
+    "diffusion.block_size: block diffusion takes a mask-rate schedule, not a learned one.",
+  )
+  schedule = schedules.get_schedule(config.diffusion.schedule)
+  check(
+    not (schedule.needs_reconstruction_term or schedule.needs_prior_term)
+    or config.diffusion.endpoint_terms == "md4",
+    f"diffusion.block_size: schedule {config.diffusion.schedule!r} needs endpoint terms; block "
+    "diffusion's training pass has MD4's only (diffusion.endpoint_terms='md4').",
+  )
 
 
 def _validate_training(training: ml_collections.ConfigDict):
@@ -348,99 +380,3 @@ def _validate_optimizer(config: ml_collections.ConfigDict):
   )
   for name in ("b1", "b2", "ema_decay"):
     check(0 <= opt[name] < 1, f"optimizer.{name} must be in [0, 1), got {opt[name]}.")
-
-
-def _validate_sample(config: ml_collections.ConfigDict):
-  """config.sample: the sampler and its settings, the draw, the length and block length."""
-  data, model = config.data, config.model
-  check(
-    isinstance(config.sample.num_samples, int) and config.sample.num_samples >= 0,
-    f"sample.num_samples must be an integer >= 0, got {config.sample.num_samples!r}.",
-  )
-  check_choice(config.sample.method, "sample.method", samplers.METHODS)
-  check(
-    config.sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
-    f"sample.method={config.sample.method!r} reuses logits across steps, so it needs a "
-    "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.",
-  )
-  check(
-    0 <= config.sample.threshold <= 1,
-    f"sample.threshold must be in [0, 1], got {config.sample.threshold}.",
-  )
-  check_choice(config.sample.remask, "sample.remask", samplers.REMASKS)
-  check(
-    0 <= config.sample.remask_eta <= 1,
-    f"sample.remask_eta must be in [0, 1], got {config.sample.remask_eta}.",
-  )
-  check(
-    isinstance(config.sample.remask_loop, int) and config.sample.remask_loop >= 0,
-    f"sample.remask_loop must be an integer >= 0, got {config.sample.remask_loop!r}.",
-  )
-  check(
-    0 < config.sample.remask_loop_alpha < 1,
-    f"sample.remask_loop_alpha must be in (0, 1), got {config.sample.remask_loop_alpha}.",
-  )
-  check(
-    config.sample.guidance_scale >= 0,
-    f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.",
-  )
-  check(
-    config.sample.guidance_scale == 0 or config.sample.prompt,
-    "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
-    "masked.",
-  )
-  sample = config.sample
-  check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
-  check(
-    isinstance(sample.top_k, int) and sample.top_k >= 0,
-    f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.",
-  )
-  check(0 < sample.top_p <= 1, f"sample.top_p must be in (0, 1] (1: off), got {sample.top_p}.")
-  for name in ("length", "block_length"):
-    check(
-      isinstance(sample[name], int) and sample[name] >= 0,
-      f"sample.{name} must be an integer >= 0 (0: default), got {sample[name]!r}.",
-    )
-  check(
-    sample.block_length <= data.seq_len,
-    f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.",
-  )
-
-
-def _validate_frontier(config: ml_collections.ConfigDict):
-  """config.frontier's sweeps, and the sample counts standard errors are taken over."""
-  model = config.model
-  methods = check_list(
-    config,
-    "frontier.methods",
-    str.strip,
-    False,
-    lambda m: m in samplers.METHODS,
-    f"samplers (each one of {', '.join(samplers.METHODS)})",
-  )
-  for method in set(methods) & set(samplers.TIME_FREE_METHODS):
-    check(
-      model.time_conditioning == "none",
-      f"frontier.methods has {method!r}, which needs model.time_conditioning='none'.",
-    )
-  check_list(
-    config, "frontier.thresholds", float, False, lambda t: 0 < t <= 1, "thresholds in (0, 1]"
-  )
-  check_list(config, "frontier.num_steps", int, False, lambda t: t > 0, "positive integers")
-  check_list(config, "frontier.temperatures", float, False, lambda t: t > 0, "temperatures > 0")
-  for name in ("frontier.num_samples", "eval.num_judged_samples"):
-    value = key_value(config, name)
-    check(
-      type(value) is int and value >= 2,  # pylint: disable=unidiomatic-typecheck  (not bool)
-      f"{name} must be an integer >= 2 (its standard error is over samples), got {value!r}.",
-    )
-
-
-def _validate_ar_length(config: ml_collections.ConfigDict):
-  """An ar model samples within its context; only mdm models generate block by block."""
-  data, model, sample = config.data, config.model, config.sample
-  check(
-    model.type == "mdm" or sample.length <= data.seq_len,
-    f"sample.length={sample.length} > data.seq_len: block-wise generation is for mdm models; "
-    "the ar baseline samples up to its context.",
-  )

@@ -183,6 +183,19 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(eval__profile_bins=True), r"eval.profile_bins must be an integer >= 0"),
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
+    (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
+    (
+      dict(diffusion__block_size=4, model__time_conditioning="adaln"),
+      r"diffusion.block_size=4 \(block diffusion\) needs model.time_conditioning='none'",
+    ),
+    (
+      dict(diffusion__block_size=4, training__estimator="mask_count"),
+      r"needs training.estimator='standard', got 'mask_count'",
+    ),
+    (
+      dict(diffusion__block_size=4, diffusion__schedule="md4linear"),
+      r"schedule 'md4linear' needs endpoint terms; .*diffusion.endpoint_terms='md4'",
+    ),
     (dict(cpu_devices=True), r"cpu_devices must be an integer >= 0"),
   ],
 )

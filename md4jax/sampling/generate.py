@@ -18,7 +18,7 @@ import numpy as np
 
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
-from md4jax.sampling import blockwise, categorical, samplers
+from md4jax.sampling import block_sampler, blockwise, categorical, samplers
 from md4jax.sampling import trajectory as trajectory_lib
 from md4jax.training import objective
 
@@ -159,6 +159,20 @@ def generate(
     **remask,
     **filters,
   )
+  if model.block_size:  # Block diffusion: block after block, with the KV cache, at any length.
+    start = time.perf_counter()
+    tokens, info = block_sampler.sample_blocks_cached(
+      key,
+      model,
+      params,
+      batch_size=cfg.num_samples,
+      length=length,
+      block_size=model.block_size,
+      context_length=seq_len,
+      prompt=prompt_ids,
+      **sample_kwargs,
+    )
+    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
   if length > seq_len:
     start = time.perf_counter()
     tokens, info = blockwise.generate_semi_autoregressive(

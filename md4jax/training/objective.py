@@ -15,6 +15,10 @@ A learned masking schedule (config.diffusion.schedule in
 `schedules.LEARNED_NAMES`, GenMD4) lives in the params beside the network's,
 under SCHEDULE_PARAMS: θ [V] (or [1], shared), exponents w = softplus(θ).
 `schedule_of` rebuilds the schedule from params and `network_params` strips it.
+
+Block diffusion (config.diffusion.block_size b < L, `md4jax.diffusion.blocks`): the standard
+continuous estimator (training's) runs the network's two-stream pass once; the other
+estimators and the discrete-time bound go through the reference path, one call per block.
 """
 
 from typing import Any, Optional
@@ -23,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from md4jax.diffusion import bounds, schedules
+from md4jax.diffusion import blocks, bounds, schedules
 
 
 def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
@@ -121,6 +125,23 @@ def sequence_nats(
       inputs = jnp.where(positions == 0, vocab_size, inputs)
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
+  block_size = model.block_size or None
+  if block_size and estimator == "standard" and num_steps is None:
+    network = network_params(params)
+    return blocks.one_pass_nelbo(
+      key,
+      lambda z, x: model.apply({"params": network}, z, None, segments, positions, x),
+      tokens,
+      schedule_of(params, config),
+      block_size,
+      mask_id=vocab_size,
+      editable=editable,
+      t_sampling=t_sampling,
+      row_index=row_index,
+      num_rows=num_rows,
+      endpoint_terms=config.diffusion.endpoint_terms,
+      block_draws=draws,
+    )
   return bounds.nelbo(
     key,
     denoiser(model, params, batch),
@@ -137,6 +158,7 @@ def sequence_nats(
     time_input=config.model.time_input,
     endpoint_terms=config.diffusion.endpoint_terms,
     draws=draws,
+    block_size=block_size,
   )
 
 

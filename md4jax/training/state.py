@@ -55,7 +55,14 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
     time_dim=m.time_dim,
     time_hidden_dim=m.time_hidden_dim,
     adaln_activation=m.adaln_activation,
+    block_size=block_size(config),
   )
+
+
+def block_size(config: ml_collections.ConfigDict) -> int:
+  """The network's block (block diffusion), 0 when a block is the whole sequence."""
+  size = config.diffusion.block_size
+  return size if 0 < size < config.data.seq_len else 0
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
