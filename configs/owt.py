@@ -2,6 +2,9 @@ r"""MD4 / MDLM on OpenWebText: GPT-2 tokenizer, 1024 tokens, a GPT-2-small-sized
 (12 layers, width 768, 12 heads), batch 512, AdamW 3e-4 with 2000 warmup steps, b2 0.999,
 weight decay 0.03, EMA 0.9999, 1M steps, linear schedule, adaLN time conditioning.
 `configs/owt.py:medium` is MD4's medium model: 24 layers, width 1024, 16 heads, cosine schedule.
+`configs/owt.py:bd3` is BD3-LM's OpenWebText setting: the small model time-free, blocks of 16
+tokens (--config.diffusion.block_size=4 for b = 4), trained in one pass over 2 x 1024 tokens
+with the splash kernel (a TPU config: XLA's attention over 2048 x 2048 scores does not fit).
 
 On a TPU pod slice (launch/README.md), one command on every host:
 
@@ -12,6 +15,7 @@ Check first that it fits a slice, on any CPU machine (pip install -e ".[tpu]"):
 
   JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/owt.py --topology=v5e:4x4
   JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/owt.py:medium --topology=v5p:2x2x2
+  JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/owt.py:bd3 --topology=v5e:4x4
 
 data.path is a local folder of OpenWebText text/JSONL files (or "" to read the Hugging Face
 dataset where a network exists); data.tokenizer_path a local GPT-2 tokenizer.json (or "" to
@@ -26,9 +30,9 @@ GPT2_VOCAB_SIZE = 50257
 
 
 def get_config(variant: str = ""):
-  """variant "" is MD4's small OpenWebText model; "medium" its 24-layer model."""
-  if variant not in ("", "medium"):
-    raise ValueError(f"Unknown owt variant {variant!r}; valid: '' (small), 'medium'.")
+  """variant "" is MD4's small OpenWebText model; "medium" its 24-layer model; "bd3" BD3-LM's."""
+  if variant not in ("", "medium", "bd3"):
+    raise ValueError(f"Unknown owt variant {variant!r}; valid: '' (small), 'medium', 'bd3'.")
   config = config_lib.base_config()
   config.batch_size = 512
   config.num_train_steps = 1_000_000
@@ -70,4 +74,13 @@ def get_config(variant: str = ""):
     config.model.num_heads = 16
     config.model.mlp_dim = 2816  # About 8/3 of the width, rounded to a multiple of 128.
     config.diffusion.schedule = "cosine"
+  if variant == "bd3":
+    config.model.time_conditioning = "none"  # BD3-LM's network is time-free; t is per block.
+    config.model.attention = "splash"  # Skips the pattern's empty tiles.
+    config.diffusion.block_size = 16
+    # The standard estimator scores in one pass; mask_count and the discrete-time bound run the
+    # reference path, a call per block: 64 per draw here.
+    config.eval.estimator = "standard"
+    config.eval.discrete_steps = ""
+    config.sample.num_steps = 16  # Per block.
   return config

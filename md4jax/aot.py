@@ -174,7 +174,10 @@ def _train_flops(config, devices) -> float:
 
 
 def sampler_step(config, model, mesh):
-  """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted."""
+  """One ancestral step (one network call and its reveals) on eval.batch_size rows, jitted; for
+  block diffusion one call of the cached block sampler (a block against a full KV cache)."""
+  if model.block_size:
+    return _block_sampler_call(config, model, mesh)
 
   def step(params, key):
     with sharding.activation_rules(mesh):
@@ -193,6 +196,46 @@ def sampler_step(config, model, mesh):
   return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
 
 
+def _block_sampler_call(config, model, mesh):
+  """The block sampler's network call: b tokens read the cache of seq_len − b positions."""
+  rows, block = config.eval.batch_size, model.block_size
+  head_dim = model.model_dim // model.num_heads
+  shape = (model.num_layers, rows, config.data.seq_len - block, model.num_heads, head_dim)
+
+  def step(params, key):
+    tokens = jax.random.randint(key, (rows, block), 0, config.data.vocab_size)
+    cache = {
+      "k": jnp.zeros(shape, model.dtype),
+      "v": jnp.zeros(shape, model.dtype),
+      "valid": jnp.ones(shape[2], bool),
+    }
+    positions = jnp.broadcast_to(shape[2] + jnp.arange(block), (rows, block))
+    with sharding.activation_rules(mesh):
+      logits, _ = model.apply(
+        {"params": objective.network_params(params)},
+        tokens,
+        jnp.ones((rows,), jnp.float32),
+        positions=positions,
+        cache=cache,
+      )
+    return jnp.argmax(logits, axis=-1)
+
+  return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
+
+
+def model_flops_per_step(config, model) -> float:
+  """3 × the forward FLOPs of a step's tokens (`flops_per_token`); block diffusion's forward
+  reads 2L tokens (z_t ⊕ x, attention over 2L) and computes logits for the first L only."""
+  m, seq_len = config.model, config.data.seq_len
+  streams = 2 if model.block_size else 1
+  per_token = model_lib.flops_per_token(
+    m.num_layers, m.model_dim, m.mlp_dim, streams * seq_len, config.data.vocab_size
+  )
+  logits = 2 * m.model_dim * config.data.vocab_size  # Per token, of the noisy stream alone.
+  forward = streams * seq_len * per_token - (streams - 1) * seq_len * logits
+  return 3 * forward * config.batch_size
+
+
 def analyze(config, topology: str) -> dict:
   """The AOT report of `config` on TPU slice `topology` (see the module docstring)."""
   config = config_lib.resolve_preset(config)
@@ -202,15 +245,7 @@ def analyze(config, topology: str) -> dict:
   config_lib.validate_config(config, len(devices), "tpu")
   model = state_lib.build_model(config)
   seq_len = config.data.seq_len
-  m = config.model
-  model_flops = (
-    3
-    * model_lib.flops_per_token(
-      m.num_layers, m.model_dim, m.mlp_dim, seq_len, config.data.vocab_size
-    )
-    * config.batch_size
-    * seq_len
-  )
+  model_flops = model_flops_per_step(config, model)
   where = {
     "topology": topology,
     "chips": len(devices) // specs["devices_per_chip"],
@@ -260,7 +295,8 @@ def analyze(config, topology: str) -> dict:
     "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
     **where,
     "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
-    "flop_formula": "3 * md4jax.model.transformer.flops_per_token * batch_size * seq_len",
+    "flop_formula": "md4jax.aot.model_flops_per_step: 3 * flops_per_token * batch_size * "
+    "seq_len (block diffusion: over 2 seq_len tokens, logits for seq_len)",
     "train_step": train_summary,
     "eval_step": {
       **_summary(eval_compiled, eval_seconds, len(devices)),

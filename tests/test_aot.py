@@ -55,3 +55,14 @@ def test_a_config_that_does_not_fit_says_so_and_exits_zero():
   )
   assert report["fits"] is False and report["bytes_per_chip"] > report["hbm_bytes_per_chip"]
   assert "RESOURCE_EXHAUSTED" in report["compile_error"] and report["global_batch"] == 4194304
+
+
+def test_block_diffusion_counts_its_two_stream_forward():
+  # default.py:bd3 trains on z_t ⊕ x (2L tokens): the compiled FLOPs match the 2L formula as the
+  # MDM's match its L formula, and the sampler step is one block against the KV cache.
+  block, plain = (
+    aot(f"--config=configs/default.py{v}", "--topology=v5e:2x2") for v in (":bd3", "")
+  )
+  assert block["fits"] and 1.0 < block["flops_ratio"] < 1.2 and 1.0 < plain["flops_ratio"] < 1.2
+  assert 2 < block["model_flops_per_step"] / plain["model_flops_per_step"] < 2.5
+  assert 0 < block["sampler_step"]["bytes_per_chip"] < plain["sampler_step"]["bytes_per_chip"]

@@ -8,7 +8,19 @@ import pytest
 from md4jax import config_lib
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
-CONFIG_NAMES = ("default", "tiny", "tiny_ar", "text8", "text8:cpu", "owt", "owt:medium", "lm1b")
+CONFIG_NAMES = (
+  "default",
+  "default:bd3",
+  "tiny",
+  "tiny_ar",
+  "text8",
+  "text8:cpu",
+  "text8:cpu_bd3",
+  "owt",
+  "owt:medium",
+  "owt:bd3",
+  "lm1b",
+)
 
 
 def load(name):
@@ -17,10 +29,13 @@ def load(name):
   return config
 
 
+PLATFORMS = {"owt:bd3": "tpu"}  # Configs for one platform (its attention kernel); else any.
+
+
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_config_validates_and_documents_its_command(name):
   config = load(name)
-  config_lib.validate_config(config, num_devices=1)
+  config_lib.validate_config(config, num_devices=1, platform=PLATFORMS.get(name, "cpu"))
   file_name, _, variant = name.partition(":")
   command = f"--config=configs/{file_name}.py" + (f":{variant}" if variant else "")
   assert command in (CONFIG_DIR / f"{file_name}.py").read_text()

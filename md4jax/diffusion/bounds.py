@@ -463,7 +463,8 @@ def nelbo(
 
 
 def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, draws, **kwargs):
-  """Σ_k NELBO(block k | blocks < k): block k alone editable, every later block masked."""
+  """Σ_k NELBO(block k | blocks < k): block k alone editable, every later block masked. A loop
+  over blocks (not unrolled: one network in the program, one block's activations live)."""
   editable = masking.editable_or_all(x, editable)
   num_blocks = x.shape[1] // block_size
   if draws is not None:
@@ -471,26 +472,24 @@ def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable,
       draws["t"], (x.shape[0], num_blocks), custom_message="nelbo: block draws['t'] is [B, K]"
     )
   block_of = jnp.arange(x.shape[1]) // block_size
-  total = jnp.zeros(x.shape[:1], jnp.float32)
-  for block in range(num_blocks):
 
-    def block_denoiser(z, time, future=block_of > block):
-      return denoise_fn(jnp.where(future, mask_id, z), time)
-
-    in_block = block_of == block
-    total += nelbo(
+  def add_block(block, total):
+    future, in_block = block_of > block, block_of == block
+    block_draws = None
+    if draws is not None:
+      block_draws = {"t": draws["t"][:, block], "masked": draws["masked"].astype(bool) & in_block}
+    return total + nelbo(
       jax.random.fold_in(key, block),
-      block_denoiser,
+      lambda z, time: denoise_fn(jnp.where(future, mask_id, z), time),
       x,
       schedule,
       mask_id=mask_id,
       editable=editable & in_block,
-      draws=None
-      if draws is None
-      else {"t": draws["t"][:, block], "masked": draws["masked"].astype(bool) & in_block},
+      draws=block_draws,
       **kwargs,
     )
-  return total
+
+  return jax.lax.fori_loop(0, num_blocks, add_block, jnp.zeros(x.shape[:1], jnp.float32))
 
 
 def nelbo_surrogate(

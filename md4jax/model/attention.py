@@ -14,8 +14,10 @@ from md4jax.model.splash import splash_attention
 ATTENTIONS = ("xla", "cudnn", "splash")
 
 
-def block_pattern(length: int, block_size: int, two_stream: bool) -> np.ndarray:
-  """Block diffusion's attention pattern (True = may attend), static.
+def block_pattern(length: int, block_size: int, two_stream: bool, xp=np):
+  """Block diffusion's attention pattern (True = may attend), static, as a numpy array (xp=np,
+  the splash kernel's mask) or built in the graph from iota (xp=jnp: XLA's; a [2L, 2L] constant
+  instead made the TPU compiler crash under remat at L = 1024).
 
   One stream ([L, L]): a position in block k attends to blocks <= k, so a block never reads
   what comes after it. Two streams ([2L, 2L], BD3-LM's training pass over z_t ⊕ x): a noisy
@@ -23,12 +25,12 @@ def block_pattern(length: int, block_size: int, two_stream: bool) -> np.ndarray:
   position of block k to the clean blocks <= k, never to a noisy one.
   """
   if not two_stream:
-    block = np.arange(length) // block_size
+    block = xp.arange(length) // block_size
     return block[:, None] >= block[None, :]
   half = length // 2
-  block = np.arange(half) // block_size
+  block = xp.arange(half) // block_size
   same, before = block[:, None] == block[None, :], block[:, None] > block[None, :]
-  return np.block([[same, before], [np.zeros_like(same), same | before]])
+  return xp.block([[same, before], [xp.zeros_like(same), same | before]])
 
 
 def segment_attention_mask(segment_ids):
@@ -86,9 +88,12 @@ class Attention(nn.Module):
     cache (keys, values [B, C, H, Dh], valid [C] bool): x is one block that reads the valid
     cached positions and itself (block diffusion's sampler); returns (out, (k, v) of x).
     """
-    pattern = block_pattern(x.shape[1], *self.block_layout) if self.block_layout else None
-    if pattern is not None and self.implementation != "splash":
-      mask = pattern[None, None] if mask is None else mask & pattern[None, None]
+    pattern = None
+    if self.block_layout and self.implementation == "splash":
+      pattern = block_pattern(x.shape[1], *self.block_layout)
+    elif self.block_layout:
+      allowed = block_pattern(x.shape[1], *self.block_layout, xp=jnp)[None, None]
+      mask = allowed if mask is None else mask & allowed
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
     # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
