@@ -17,7 +17,11 @@ Runs:
   defaults   md4jax's own defaults at this shape.
   replay     the preset from MD4's init, with MD4's own draws of t and of the masks at every
              step (after md4 in the same --runs): MD4's run in md4jax, step for step.
+  replay_reversed  replay with the rows of every batch (and their draws) in reverse order: the
+             same math in another float order, so how far it moves from replay is the rounding
+             alone, amplified by training.
   md4_init   the preset from MD4's init with md4jax's own draws (after md4).
+The replays and md4_init need md4 earlier in --runs, or --md4_record of an earlier md4 run.
   init, norm, gate, embedding, time, time_input, output, biases, clip, b2, loss_units,
   schedule   the preset with one choice moved to md4jax's default.
 Every run trains on the same batches (md4jax's pipeline, seed 0) and is scored by md4jax's
@@ -29,6 +33,7 @@ EMA at 0.9999 has barely left the init in these steps), and md4jax's defaults' E
 import functools
 import json
 import pathlib
+import pickle
 import sys
 import tempfile
 import time
@@ -53,6 +58,9 @@ _RUNS = flags.DEFINE_list(
   "runs", ["md4", "preset", "defaults"], "Runs, in order (module docstring)."
 )
 _EVAL_DRAWS = flags.DEFINE_integer("eval_draws", 4, "NELBO draws per held-out window.")
+_MD4_RECORD = flags.DEFINE_string(
+  "md4_record", None, "A file for md4's init, draws and losses: written by md4, read without it."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the init (md4jax runs) and of MD4's train state.")
 
 NUM_LAYERS, MODEL_DIM, NUM_HEADS, BATCH_SIZE, SEQ_LEN = 4, 192, 3, 16, 256
@@ -134,8 +142,14 @@ def score(config, model, params, source, mesh) -> dict:
   }
 
 
-def train_md4jax(config, batches, source, mesh, with_ema: bool, md4_run=None, replay=False):
-  """md4_run (train_md4's record): start from MD4's init; replay: and train on its draws."""
+GAP_STEPS = (1, 10, 30, 60, 90, 120, 150, 200, 250, 300, 500, 1000)
+
+
+def train_md4jax(
+  config, batches, source, mesh, with_ema: bool, md4_run=None, replay=False, reverse=False
+):
+  """md4_run (train_md4's record): start from MD4's init; replay: and train on its draws;
+  reverse: with every batch's rows (and draws) in reverse order."""
   config_lib.validate_config(config, mesh.devices.size, "cpu")
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
@@ -155,6 +169,8 @@ def train_md4jax(config, batches, source, mesh, with_ema: bool, md4_run=None, re
     if replay:
       t, masked = md4_run["draws"][index]
       draws = {"t": jnp.asarray(t), "masked": jnp.asarray(masked)}
+    if reverse:
+      batch, draws = jax.tree.map(lambda a: a[::-1], (batch, draws))
     state, metrics = step(state, batch, draws=draws)
     losses.append(float(metrics["nelbo_bits_per_token"]))
   seconds = time.perf_counter() - start
@@ -166,6 +182,8 @@ def train_md4jax(config, batches, source, mesh, with_ema: bool, md4_run=None, re
     gaps = np.abs(np.asarray(losses) - np.asarray(md4_run["losses"]))
     result["max_step_gap_to_md4"] = float(gaps.max())  # Bits per token, over every step.
     result["steps_within_1e-3_of_md4"] = int(np.argmax(np.append(gaps, np.inf) > 1e-3))
+    # |loss − MD4's| at some steps: growing from float noise by a steady factor is chaos.
+    result["gap_at_step"] = {k: float(gaps[k - 1]) for k in GAP_STEPS if k <= len(gaps)}
   return result
 
 
@@ -241,15 +259,27 @@ def main(argv):
   iterator = source.train_iterator()
   batches = [next(iterator) for _ in range(_STEPS.value)]
   md4_run = None
+  if _MD4_RECORD.value and "md4" not in _RUNS.value:
+    with open(_MD4_RECORD.value, "rb") as f:
+      md4_run = pickle.load(f)
   for name in _RUNS.value:
     if name == "md4":
       result, md4_run = train_md4(data_path, batches, source, mesh)
-    elif name in ("replay", "md4_init"):
+      if _MD4_RECORD.value:
+        with open(_MD4_RECORD.value, "wb") as f:
+          pickle.dump(jax.tree.map(np.asarray, md4_run), f)
+    elif name in ("replay", "replay_reversed", "md4_init"):
       if md4_run is None:
-        raise app.UsageError(f"--runs: {name} needs md4 before it.")
-      config = run_config("preset", data_path)
+        raise app.UsageError(f"--runs: {name} needs md4 before it (or --md4_record).")
       result = train_md4jax(
-        config, batches, source, mesh, False, md4_run=md4_run, replay=name == "replay"
+        run_config("preset", data_path),
+        batches,
+        source,
+        mesh,
+        False,
+        md4_run=md4_run,
+        replay=name.startswith("replay"),
+        reverse=name == "replay_reversed",
       )
     else:
       result = train_md4jax(
