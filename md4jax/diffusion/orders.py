@@ -10,8 +10,9 @@ For an order π of the editable positions,
   log p_π(x) = Σ_i log μ(x_{π_i} | x_{π_<i} shown, the other editable positions masked),
 
 one network call per editable position. The denoiser's second argument is the share of
-editable positions visible, i / n at step i: the α at which i of n tokens are expected visible,
-so a time-conditioned network gets the input it was trained near (a time-free one ignores it).
+editable positions shown, (i − 1)/n when π_i is scored: the α at which that many of n tokens are
+expected visible, so a time-conditioned network gets an input it was trained near (a time-free
+one ignores it).
 Positions that are not editable (padding, a prompt) are always shown and never scored.
 
 The continuous-time NELBO of a time-free denoiser is E_π[−log p_π(x)] over uniform orders, and
