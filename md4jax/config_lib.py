@@ -119,6 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   config.training = ml_collections.ConfigDict()
   config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
+  config.training.prompt_dropout = 0.0  # Classifier-free guidance: each row's prompt (never scored) is hidden from the mdm with this probability, so it also learns the prompt-free law sample.guidance_scale contrasts; 0 = off.
   config.training.loss_units = "nats"  # Unit of the per-token loss whose gradient the optimizer sees: "nats" or "bits" (MD4; the gradient / ln 2).
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
   config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.
@@ -133,6 +134,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.eval.judge_workdir = ""  # An md4jax AR workdir on the same data: scores the eval rows and fresh samples (generative perplexity); "" = off.
   config.eval.num_judged_samples = 64  # Fresh samples (sample.* settings) scored by the judge; the SE is over them.
   config.eval.profile_bins = 20  # mdm: bins of t in the per-t loss profile (w(t)·CE, one draw per bin and sequence); 0 skips it.
+  config.eval.likelihood = "nelbo"  # mdm, final evaluation: also the exact likelihood over orders (docs/math.md § 5b), "order" (left to right) or "orders:K" (importance-weighted over K random orders, between the NLL and the NELBO; K·L calls per sequence); "nelbo": the bounds only.
 
   # --mode=frontier: fresh samples at every (method, num_steps, temperature), each
   # scored by the judge (eval.judge_workdir) and by the true law where it is known.

@@ -21,6 +21,7 @@ from md4jax.config_values import (
   check_list,
   check_positive_int,
   key_value,
+  parse_likelihood,
   parse_list,
   preset_values,
 )
@@ -42,7 +43,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _validate_data(config.data)
   _validate_model(config)
   _validate_diffusion(config)
-  _validate_training(config.training)
+  _validate_training(config)
   _validate_eval(config)
   _validate_optimizer(config)
   sample_validation.validate_sampling(config)
@@ -333,14 +334,23 @@ def _validate_blocks(config: ml_collections.ConfigDict):
   )
 
 
-def _validate_training(training: ml_collections.ConfigDict):
+def _validate_training(config: ml_collections.ConfigDict):
   """config.training's choices (grad_accum_steps is checked with the mesh)."""
+  training = config.training
   check_choice(training.estimator, "training.estimator", bounds.ESTIMATORS)
   check_choice(training.loss_units, "training.loss_units", LOSS_UNITS)
+  check(
+    0 <= training.prompt_dropout < 1,
+    f"training.prompt_dropout must be in [0, 1), got {training.prompt_dropout}.",
+  )
+  check(
+    training.prompt_dropout == 0 or config.model.type == "mdm",
+    "training.prompt_dropout hides prompts from a masked diffusion model; model.type is 'ar'.",
+  )
 
 
 def _validate_eval(config: ml_collections.ConfigDict):
-  """config.eval's estimator, discrete steps, profile bins and judge."""
+  """config.eval's estimator, discrete steps, profile bins, judge and likelihood."""
   check_choice(config.eval.estimator, "eval.estimator", bounds.ESTIMATORS)
   check_list(
     config,
@@ -357,6 +367,32 @@ def _validate_eval(config: ml_collections.ConfigDict):
   check(
     isinstance(config.eval.judge_workdir, str),
     f'eval.judge_workdir must be a path string ("": off), got {config.eval.judge_workdir!r}.',
+  )
+  _validate_likelihood(config)
+
+
+def _validate_likelihood(config: ml_collections.ConfigDict):
+  """eval.likelihood: orders over the whole sequence of a time-free posterior (docs/math.md § 5b)."""
+  try:
+    kind, _ = parse_likelihood(config.eval.likelihood)
+  except ValueError as e:
+    raise ValueError(f"Invalid config: {e}") from None
+  if kind == "nelbo":
+    return
+  name = f"eval.likelihood={config.eval.likelihood!r}"
+  check(
+    config.model.type == "mdm",
+    f"{name} scores a masked diffusion model's orders; an ar model's NLL is exact (use 'nelbo').",
+  )
+  check(
+    not 0 < config.diffusion.block_size < config.data.seq_len,
+    f"{name}: block diffusion (diffusion.block_size={config.diffusion.block_size}) is "
+    "autoregressive over blocks, not a model of any order (use 'nelbo').",
+  )
+  check(
+    config.diffusion.schedule not in schedules.LEARNED_NAMES,
+    f"{name}: a learned schedule's posterior depends on t (each token has its own rate), so it "
+    "has no order likelihood (use 'nelbo').",
   )
 
 

@@ -72,13 +72,34 @@ def network_params(params: Any) -> Any:
   return params
 
 
-def denoiser(model, params, batch: dict):
+def denoiser(model, params, batch: dict, hidden: Optional[jax.Array] = None):
   """denoise_fn(z_t, time) -> logits of the mdm model on the batch's documents, the time value
   passed to the network as it is: α(t), or t for config.model.time_input = "t" (the bounds
-  call it so, `bounds.nelbo`'s time_input) and for a state-dependent schedule."""
+  call it so, `bounds.nelbo`'s time_input) and for a state-dependent schedule. hidden [B, L]:
+  positions the network sees masked (a dropped prompt, `training_loss`)."""
   segments, positions = batch["segment_ids"], batch["positions"]
   network = network_params(params)
-  return lambda z_t, time: model.apply({"params": network}, z_t, time, segments, positions)
+  shown = _hide(hidden, model.vocab_size)
+  return lambda z_t, time: model.apply({"params": network}, shown(z_t), time, segments, positions)
+
+
+def _hide(hidden, mask_id: int):
+  """tokens -> tokens with the hidden positions masked (the identity without any)."""
+  if hidden is None:
+    return lambda tokens: tokens
+  return lambda tokens: jnp.where(hidden, mask_id, tokens).astype(tokens.dtype)
+
+
+def dropped_prompts(batch: dict, key, p: float, row_index: jax.Array) -> jax.Array:
+  """[B, L] bool: the prompt positions (read, never scored: not editable, not padding) of the
+  rows whose prompt is dropped, each with probability p (classifier-free guidance's
+  unconditional model). A row's draw depends on its global index."""
+  editable = batch["editable"].astype(bool)
+  segments = batch["segment_ids"]
+  prompt = ~editable if segments is None else ~editable & (segments != 0)
+  rows = jax.vmap(jax.random.fold_in, (None, 0))(key, row_index)
+  dropped = jax.vmap(jax.random.uniform)(rows) < p
+  return prompt & dropped[:, None]
 
 
 def sampling_denoiser(model, params, config: ml_collections.ConfigDict):
@@ -105,13 +126,15 @@ def sequence_nats(
   row_index: Optional[jax.Array] = None,
   num_rows: Optional[int] = None,
   draws: Optional[dict] = None,
+  hidden: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
   row_index [B] and num_rows place the rows in their global batch (default:
   the batch is the global batch), so a row's draws do not depend on how the
   batch is split (`bounds.nelbo`). draws ({"t": [B], "masked": [B, L]}, mdm) replay
-  given times and masks instead of drawing them (`bounds.nelbo`).
+  given times and masks instead of drawing them (`bounds.nelbo`). hidden [B, L] (mdm): non-editable
+  positions the network sees masked.
   """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
   editable = batch["editable"].astype(bool)
@@ -127,10 +150,10 @@ def sequence_nats(
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
   block_size = model.block_size or None
   if block_size and estimator == "standard" and num_steps is None:
-    network = network_params(params)
+    network, shown = network_params(params), _hide(hidden, vocab_size)
     return blocks.one_pass_nelbo(
       key,
-      lambda z, x: model.apply({"params": network}, z, None, segments, positions, x),
+      lambda z, x: model.apply({"params": network}, shown(z), None, segments, positions, shown(x)),
       tokens,
       schedule_of(params, config),
       block_size,
@@ -144,7 +167,7 @@ def sequence_nats(
     )
   return bounds.nelbo(
     key,
-    denoiser(model, params, batch),
+    denoiser(model, params, batch, hidden),
     tokens,
     schedule_of(params, config),
     mask_id=vocab_size,
@@ -175,7 +198,12 @@ def training_loss(
 ) -> tuple[jax.Array, jax.Array]:
   """(loss to differentiate [B], NELBO draw [B]): equal in value; for a learned schedule the
   first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`).
-  draws: replayed times and masks (`sequence_nats`)."""
+  draws: replayed times and masks (`sequence_nats`). With training.prompt_dropout p, each row's
+  prompt is hidden from the network with probability p (`dropped_prompts`)."""
+  hidden = None
+  if config.training.prompt_dropout > 0:
+    key, dropout_key = jax.random.split(key)
+    hidden = dropped_prompts(batch, dropout_key, config.training.prompt_dropout, row_index)
   if not is_learned(config) or config.model.type == "ar":
     nats = sequence_nats(
       params,
@@ -188,13 +216,14 @@ def training_loss(
       row_index=row_index,
       num_rows=num_rows,
       draws=draws,
+      hidden=hidden,
     )
     return nats, nats
   if draws is not None:
     raise ValueError("draws replay a mask-rate schedule's training loss, not a learned schedule's.")
   nats, surrogate = bounds.nelbo_surrogate(
     key,
-    denoiser(model, params, batch),
+    denoiser(model, params, batch, hidden),
     batch["tokens"],
     schedule_of(params, config),
     mask_id=config.data.vocab_size,
