@@ -23,10 +23,11 @@ from typing import Iterable
 import ml_collections
 
 from md4jax.config_validation import validate_config  # noqa: F401 (re-exported)
-from md4jax.config_values import (  # noqa: F401 (md4_mlp_dim, parse_list: re-exported)
+from md4jax.config_values import (  # noqa: F401 (md4_mlp_dim, parse_*: re-exported)
   check,
   key_value,
   md4_mlp_dim,
+  parse_likelihood,
   parse_list,
   preset_values,
 )

@@ -50,6 +50,19 @@ def check_list(config, name: str, kind, allow_empty: bool, is_valid, what: str):
   return values
 
 
+def parse_likelihood(text: str) -> tuple[str, int]:
+  """eval.likelihood as (kind, orders): ("nelbo", 0), ("order", 1) (left to right) or
+  ("orders", K) for "orders:K"; ValueError for anything else."""
+  if text in ("nelbo", "order"):
+    return text, int(text == "order")
+  kind, _, count = str(text).partition(":")
+  if kind == "orders" and count.isdigit() and int(count) > 0:
+    return kind, int(count)
+  raise ValueError(
+    f'eval.likelihood must be "nelbo", "order" or "orders:K" (K >= 1), got {text!r}.'
+  )
+
+
 def check(condition: bool, message: str):
   """Raises ValueError("Invalid config: <message>") unless condition holds."""
   if not condition:

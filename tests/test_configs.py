@@ -212,11 +212,42 @@ def _bad(name="tiny", num_devices=1, **overrides):
       r"schedule 'md4linear' needs endpoint terms; .*diffusion.endpoint_terms='md4'",
     ),
     (dict(cpu_devices=True), r"cpu_devices must be an integer >= 0"),
+    (dict(eval__likelihood="orders:0"), r'eval.likelihood must be "nelbo", "order" or "orders:K"'),
+    (dict(eval__likelihood="ordres:4"), r"eval.likelihood must be .*got 'ordres:4'"),
+    (
+      dict(eval__likelihood="order", model__type="ar"),
+      r"eval.likelihood='order' scores a masked diffusion model's orders",
+    ),
+    (
+      dict(eval__likelihood="orders:4", diffusion__block_size=4),
+      r"eval.likelihood='orders:4': block diffusion \(diffusion.block_size=4\)",
+    ),
+    (
+      dict(
+        eval__likelihood="orders:2",
+        diffusion__schedule="learned_poly",
+        model__time_conditioning="adaln",
+        eval__estimator="standard",
+        frontier__methods="ancestral",
+      ),
+      r"eval.likelihood='orders:2': a learned schedule's posterior depends on t",
+    ),
   ],
 )
 def test_bad_values_raise_clear_errors(overrides, match):
   with pytest.raises(ValueError, match=match):
     _bad(**overrides)()
+
+
+@pytest.mark.parametrize(
+  "likelihood, parsed",
+  [("nelbo", ("nelbo", 0)), ("order", ("order", 1)), ("orders:16", ("orders", 16))],
+)
+def test_every_likelihood_validates(likelihood, parsed):
+  config = load("tiny")
+  config.eval.likelihood = likelihood
+  config_lib.validate_config(config, num_devices=1)
+  assert config_lib.parse_likelihood(likelihood) == parsed
 
 
 def test_batch_not_divisible_by_devices():
