@@ -20,8 +20,11 @@ class OracleChain:
 class OracleDenoiser:
   """The exact SUBS denoiser p(x_ℓ | visible tokens) as a masked diffusion model."""
 
+  block_size = 0  # Not block diffusion: objective.sequence_nats reads the model's block size.
+
   def __init__(self, language):
     self.denoise = language.denoise_fn(mask_id=language.vocab_size)
+    self.vocab_size = language.vocab_size
 
   def apply(self, variables, z_t, alpha=None, segments=None, positions=None):
     del variables, segments, positions

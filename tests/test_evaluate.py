@@ -49,6 +49,47 @@ def test_eval_is_deterministic_and_complete():
   assert results["perplexity"] == pytest.approx(2 ** results["nelbo_bits_per_token"])
 
 
+def test_an_order_likelihood_is_reported_beside_an_unchanged_nelbo():
+  config = tiny_config(discrete_steps="10", profile_bins=4)
+  mesh, model, params = untrained(config)
+  source = sources.make_source(config)
+  plain = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+  )
+  config.eval.likelihood = "orders:4"
+  results = evaluate.evaluate(
+    config, evaluate.make_eval_fn(config, model, mesh), params, source, mesh
+  )
+  added = {key: results.pop(key) for key in set(results) - set(plain)}
+  assert results == plain  # The NELBO's rows, draws and figures are untouched.
+  assert added["likelihood"] == "orders:4" and added["num_orders"] == 4
+  assert added["order_bits_per_token_stderr"] > 0
+  assert "order_excess_bits_per_token" in added  # The generated language's law is known.
+  # Row by row the bound is at most the mean NLL of its orders, whose mean is the NELBO's.
+  assert (
+    added["order_minus_nelbo_bits_per_token"] < 4 * added["order_minus_nelbo_bits_per_token_stderr"]
+  )
+  text = report.render({**results, **added})
+  assert "## Likelihood over orders" in text and "| orders:4 (bits/token) | ≤ " in text
+  assert "orders:4 likelihood" in evaluate.summary({**results, **added})
+  # Periodic evaluations leave it out: K·L calls a row.
+  headline = evaluate.make_eval_fn(config, model, mesh, headline_only=True)
+  assert "order_bits_per_token" not in evaluate.evaluate(config, headline, params, source, mesh)
+
+
+def test_the_left_to_right_likelihood_of_the_exact_denoiser_is_the_exact_nll():
+  config = tiny_config(discrete_steps="", profile_bins=0, likelihood="order")
+  mesh = sharding.make_mesh(config, jax.devices()[:1])
+  source = sources.make_source(config)
+  oracle = oracles.OracleDenoiser(source.language)
+  results = evaluate.evaluate(config, evaluate.make_eval_fn(config, oracle, mesh), {}, source, mesh)
+  assert abs(results["order_excess_bits_per_token"]) < 1e-5
+  assert results["order_bits_per_token"] == pytest.approx(
+    results["nelbo_bits_per_token"] + results["order_minus_nelbo_bits_per_token"], rel=1e-6
+  )
+  assert "| order (bits/token) | = " in report.render(results)
+
+
 class _RepeatedSource:
   """One sequence, repeated: the spread over rows is the Monte Carlo noise alone."""
 

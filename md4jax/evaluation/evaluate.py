@@ -27,7 +27,7 @@ import numpy as np
 from md4jax import config_lib, rng
 from md4jax.data import sources
 from md4jax.diffusion import bounds, schedules
-from md4jax.evaluation import estimates
+from md4jax.evaluation import estimates, likelihoods
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
@@ -97,7 +97,7 @@ def make_eval_fn(
 ):
   """Jitted (params, batch, key) -> {nats [b] (mean of the MC draws), nats/<bound> [b] (unless
   headline_only), profile_nats [b, bins] (mdm, eval.profile_bins > 0 and with_profile),
-  num_tokens [b], tokens, editable}."""
+  order_nats [b] (eval.likelihood, unless headline_only), num_tokens [b], tokens, editable}."""
   num_draws = 1 if config.model.type == "ar" else config.eval.num_mc_samples
   extras = {} if headline_only else extra_bounds(config)
   with_profile = (
@@ -178,6 +178,8 @@ def make_eval_fn(
     )
     if with_profile:
       outputs["profile_nats"] = profile_nats(params, batch, profile_key, model=model, config=config)
+    if not headline_only and likelihoods.enabled(config):  # K·L calls a row: final ones only.
+      outputs["order_nats"] = likelihoods.nats(params, batch, key, model=model, config=config)
     return outputs
 
   def sharded_eval_fn(params, batch, key):
@@ -259,6 +261,7 @@ def evaluate(
       results["loss_profile"] = estimates.loss_profile(
         columns["profile_nats"], num_tokens, config.diffusion.schedule
       )
+    results.update(likelihoods.results(config, columns, source))  # eval.likelihood's, if any.
   if objective.is_learned(config):
     results["learned_schedule"] = learned_exponents(params, config, source)
   if judge is not None:
@@ -435,6 +438,7 @@ def summary(results: dict) -> str:
     f"{name} {results['nelbo_bits_per_token']:.4f} ± {results['nelbo_bits_per_token_stderr']:.4f} "
     f"bits/token ({results['num_sequences']} held-out sequences, {results['estimator']})"
   ]
+  lines += likelihoods.summary(results)
   if "true_bits_per_token" in results:
     lines.append(
       f"exact entropy {results['true_bits_per_token']:.4f} bits/token; "

@@ -30,6 +30,7 @@ def render(results: dict) -> str:
   for section in (
     _side_by_side,
     _estimators,
+    _orders,
     _discrete_time,
     _loss_profile,
     _learned_schedule,
@@ -142,6 +143,40 @@ def _estimators(results: dict) -> list[str]:
     lines.append(
       f"| {ESTIMATOR_NAMES.get(name, name)} | ≤ {_pm(figure['bits_per_token'], figure['stderr'])} |"
     )
+  return lines
+
+
+def _orders(results: dict) -> list[str]:
+  """eval.likelihood: the exact likelihood over orders, beside the NELBO on the same rows."""
+  if "order_bits_per_token" not in results:
+    return []
+  if results["likelihood"] == "order":
+    what, relation = "the left-to-right order: the exact NLL of that autoregressive model", "="
+  else:
+    what, relation = (
+      f"{results['num_orders']} random orders per sequence, importance-weighted: an upper "
+      "bound on the model's NLL in expectation, at most the NELBO's and tighter as K grows",
+      "≤",
+    )
+  lines = [
+    "",
+    "## Likelihood over orders",
+    "",
+    f"`eval.likelihood = {results['likelihood']}`: −log p of each sequence revealed one token at "
+    f"a time along {what} (docs/math.md § 5b). The difference is paired by sequence.",
+    "",
+    "| Quantity | Value |",
+    "|---|---|",
+    f"| {results['likelihood']} (bits/token) | {relation} "
+    f"{_pm(results['order_bits_per_token'], results['order_bits_per_token_stderr'])} |",
+  ]
+  for name, label in (
+    ("order_minus_nelbo", "minus the NELBO"),
+    ("order_excess", "paired excess over −log2 p"),
+  ):
+    if f"{name}_bits_per_token" in results:
+      figure = _pm(results[f"{name}_bits_per_token"], results[f"{name}_bits_per_token_stderr"])
+      lines.append(f"| {label} (bits/token) | {figure} |")
   return lines
 
 
