@@ -27,7 +27,7 @@ from md4jax.sampling import samplers
 Array = jax.Array
 
 
-def _prompt_arrays(prompt, batch_size: int, padded_length: int, mask_id: int):
+def prompt_arrays(prompt, batch_size: int, padded_length: int, mask_id: int):
   """(tokens [B, K b] with the prompt, masks after it; given [K b] bool)."""
   tokens = jnp.full((batch_size, padded_length), mask_id, jnp.int32)
   given = np.zeros(padded_length, bool)
@@ -96,7 +96,8 @@ def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape
   return jax.jit(run)
 
 
-def _compiled(builder, settings: tuple):
+def compiled(builder, settings: tuple):
+  """builder(*settings), an lru_cached compile, or a fresh one for unhashable settings."""
   try:
     return builder(*settings)
   except TypeError:  # An unhashable setting: compile for this call only.
@@ -127,11 +128,11 @@ def sample_blocks(
   """
   num_blocks = _check(length, block_size, context_length)
   padded = num_blocks * block_size
-  tokens, given = _prompt_arrays(prompt, batch_size, padded, mask_id)
+  tokens, given = prompt_arrays(prompt, batch_size, padded, mask_id)
   window = padded if context_length is None else min(context_length, padded)
   shape = (batch_size, block_size, num_blocks, window)
   settings = (denoise_fn, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
-  tokens, nfe, broken = _compiled(_compiled_window_loop, settings)(key, tokens, given)
+  tokens, nfe, broken = compiled(_compiled_window_loop, settings)(key, tokens, given)
   info = {"nfe": nfe, "num_blocks": num_blocks, "nonfinite_call": broken}
   samplers.check_logits(info, method)
   return tokens[:, :length], info
@@ -237,11 +238,11 @@ def sample_blocks_cached(
     raise ValueError(
       f"The model reads blocks of {model.block_size} tokens; block_size is {block_size}."
     )
-  tokens, given = _prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
+  tokens, given = prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
   slots = context_length - block_size  # Whole blocks: the ring never splits one.
   shape = (batch_size, block_size, num_blocks, slots)
   settings = (model, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
-  tokens, nfe, broken = _compiled(_compiled_loop, settings)(key, params, tokens, given)
+  tokens, nfe, broken = compiled(_compiled_loop, settings)(key, params, tokens, given)
   info = {
     "nfe": nfe,
     "cache_writes": num_blocks if slots else 0,
