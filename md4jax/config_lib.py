@@ -161,7 +161,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.top_p = 1.0  # Nucleus: keep the smallest set of tokens with this much probability; 1 keeps all.
   config.sample.prompt = ""  # Text every sample starts with (markov: space-separated ids); "" starts from all-mask.
   config.sample.length = 0  # Tokens per sample; 0 = data.seq_len. Longer (mdm): generated block by block.
-  config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2.
+  config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2. With sample.cache: the decoding block.
+  config.sample.cache = "none"  # Fast-dLLM's approximate KV cache, "prefix" or "dual": decode block by block within the context (sample.block_length, dividing the length; time-free mdm); "none" = off.
   config.sample.trajectory = True  # Write trajectory.html and .gif of the first sample (mdm without blocks, length <= seq_len).
   # fmt: on
   return config

@@ -4,12 +4,13 @@ which runs them last, in this order."""
 import ml_collections
 
 from md4jax.config_values import check, check_choice, check_list, key_value
-from md4jax.sampling import samplers
+from md4jax.sampling import prefix_cache, samplers
 
 
 def validate_sampling(config: ml_collections.ConfigDict):
   """Raises ValueError naming the key for an invalid sample or frontier setting."""
   _validate_sample(config)
+  _validate_cache(config)
   _validate_frontier(config)
   _validate_ar_length(config)
 
@@ -68,6 +69,28 @@ def _validate_sample(config: ml_collections.ConfigDict):
   check(
     sample.block_length <= data.seq_len,
     f"sample.block_length={sample.block_length} exceeds data.seq_len={data.seq_len}.",
+  )
+
+
+def _validate_cache(config: ml_collections.ConfigDict):
+  """sample.cache: block-wise decoding within the context, for a time-free bidirectional mdm."""
+  sample, model = config.sample, config.model
+  check_choice(sample.cache, "sample.cache", prefix_cache.CACHES)
+  if sample.cache == "none":
+    return
+  length = sample.length or config.data.seq_len
+  check(
+    model.type == "mdm"
+    and model.time_conditioning == "none"
+    and not 0 < config.diffusion.block_size < config.data.seq_len,
+    f"sample.cache={sample.cache!r} serves a time-free bidirectional mdm (model.type='mdm', "
+    "model.time_conditioning='none', no diffusion.block_size).",
+  )
+  check(
+    length <= config.data.seq_len and sample.block_length > 0 and length % sample.block_length == 0,
+    f"sample.cache={sample.cache!r} decodes within the context in blocks: the length {length} "
+    f"(sample.length or data.seq_len) must be <= data.seq_len and divisible by "
+    f"sample.block_length={sample.block_length} > 0.",
   )
 
 

@@ -199,6 +199,15 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(sample__block_length=99), r"sample.block_length=99 exceeds data.seq_len"),
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
     (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
+    (dict(sample__cache="triple"), r"sample.cache='triple' is unknown"),
+    (
+      dict(sample__cache="prefix"),
+      r"the length 16 \(sample.length or data.seq_len\) must be <= data.seq_len and divisible",
+    ),
+    (
+      dict(sample__cache="dual", sample__block_length=4, model__time_conditioning="adaln"),
+      r"sample.cache='dual' serves a time-free bidirectional mdm",
+    ),
     (
       dict(diffusion__block_size=4, model__time_conditioning="adaln"),
       r"diffusion.block_size=4 \(block diffusion\) needs model.time_conditioning='none'",

@@ -18,7 +18,7 @@ import numpy as np
 
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
-from md4jax.sampling import block_sampler, blockwise, categorical, samplers
+from md4jax.sampling import block_sampler, blockwise, categorical, prefix_cache, samplers
 from md4jax.sampling import trajectory as trajectory_lib
 from md4jax.training import objective
 
@@ -81,6 +81,7 @@ def settings(config: ml_collections.ConfigDict) -> dict:
     "top_p": cfg.top_p if cfg.top_p < 1.0 else None,
     "length": cfg.length or config.data.seq_len,
     "prompt": cfg.prompt,
+    **({"cache": cfg.cache, "block_length": cfg.block_length} if cfg.cache != "none" else {}),
   }
 
 
@@ -169,6 +170,20 @@ def generate(
       length=length,
       block_size=model.block_size,
       context_length=seq_len,
+      prompt=prompt_ids,
+      **sample_kwargs,
+    )
+    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
+  if cfg.cache != "none":  # Block-wise decoding within the context, Fast-dLLM's caches.
+    start = time.perf_counter()
+    tokens, info = prefix_cache.sample_with_cache(
+      key,
+      model,
+      params,
+      batch_size=cfg.num_samples,
+      length=length,
+      block_size=cfg.block_length,
+      cache=cfg.cache,
       prompt=prompt_ids,
       **sample_kwargs,
     )
