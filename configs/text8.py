@@ -70,19 +70,16 @@ def get_config(variant: str = ""):
   config.sample.num_samples = 8
   config.sample.num_steps = 256
   if variant in ("cpu", "cpu_bd3"):
-    # Tuned to learn in under 20 minutes of wall time on 2 CPU cores (issue 13): the model
-    # defaults, which the ablation found better (SwiGLU, full-width embedding, normal output
-    # init) or level (RMSNorm vs LayerNorm, no time input vs adaLN) against MD4's choices,
-    # and an evaluation trimmed to what a CPU can afford.
+    # Tuned to learn in under 20 minutes of wall time on 2 CPU cores, with the model defaults
+    # and an evaluation trimmed to what a CPU can afford; the measurements behind every choice
+    # here are in docs/performance.md ("text8 on 2 CPU cores").
     # Two cores: small steps. 32 x 128 characters per step: the same characters as 16 x 256
-    # with half the attention, 0.18 s per step instead of 0.22 (a word needs no longer context).
+    # with half the attention (a word needs no longer context).
     config.batch_size = 32
     config.data.seq_len = 128
-    # About 20.5M characters. In these minutes data beats width: width 192 for 1,000 steps
-    # gave 3.21 bits/char, 128 for 2,000 gave 3.08, 96 for 2,800 gave 2.90, 64 for 4,000 2.82
-    # (all 16 x 256); 64 for 5,000 steps of 32 x 128 gives 2.74.
+    # In these minutes data beats width: a narrow model that sees more characters ends lower.
     config.num_train_steps = 5000
-    # A device per core, and freed memory reused: 0.18 s per step (0.79 at width 192).
+    # A device per core, and freed memory reused.
     config.cpu_devices = 2
     config.reuse_freed_host_memory = True
     config.log_every_steps = 50
@@ -104,9 +101,9 @@ def get_config(variant: str = ""):
     config.eval.discrete_steps = ""  # Each T costs as much as the NELBO itself; skipped on a CPU.
     config.eval.profile_bins = 10  # Half the default: one forward pass per bin and sequence.
     config.sample.num_samples = 16
-    # Most confident positions first, at temperature 0.7: 66% of sample words are real words (49%
-    # of their characters). The model's own law (--config.sample.method=jump
-    # --config.sample.temperature=1: ancestral with 256 steps) reads as 37% words, jump at 0.7 53%.
+    # Most confident positions first, at temperature 0.7: the most real words of the settings
+    # tried (docs/performance.md); the model's own law is --config.sample.method=jump
+    # --config.sample.temperature=1 (ancestral with 256 steps).
     config.sample.method = "confidence"
     config.sample.temperature = 0.7
   if variant == "cpu_bd3":

@@ -135,7 +135,7 @@ class SwiGLU(nn.Module):
   def __call__(self, x):
     model_dim = x.shape[-1]
     # W_gate and W_up as two matmuls (`project`): stacked into one [D, 2, F] kernel, every step
-    # copied both kernels and concatenated the two gradients (4x256 step: 4% slower).
+    # copied both kernels and concatenated the two gradients (slower; docs/performance.md).
     in_init = kernel_init(self.weight_init, self.num_layers, in_mlp=True)
     gate, up = (
       Projection((model_dim, self.mlp_dim), 1, ("embed", "mlp"), in_init, self.dtype, name=name)(x)
