@@ -479,7 +479,7 @@ def test_mask_count_estimator_masks_exactly_k_positions_at_long_length():
     seen.append((z, alpha))
     return jnp.zeros(z.shape + (VOCAB,))
 
-  bounds._mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
+  bounds.mask_count_term(jax.random.PRNGKey(0), spy, x, u, editable, mask_id=MASK_ID)
   ((z, alpha),) = seen
   expected = np.ceil(np.asarray(u) * 8092).astype(int)
   np.testing.assert_array_equal(np.asarray(z == MASK_ID).sum(-1), expected)
