@@ -121,6 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.training = ml_collections.ConfigDict()
   config.training.estimator = "standard"  # NELBO estimator of the loss: standard, forced_target or mask_count.
   config.training.prompt_dropout = 0.0  # Classifier-free guidance: each row's prompt (never scored) is hidden from the mdm with this probability, so it also learns the prompt-free law sample.guidance_scale contrasts; 0 = off.
+  config.training.mask_rates = ""  # BD3-LM's clipped schedule: "β,ω" draws each training mask rate uniformly in [β, ω] (lower-variance gradients; not a bound: evaluation scores the full one); "" = [0, 1].
   config.training.loss_units = "nats"  # Unit of the per-token loss whose gradient the optimizer sees: "nats" or "bits" (MD4; the gradient / ln 2).
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
   config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.

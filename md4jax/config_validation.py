@@ -343,6 +343,26 @@ def _validate_training(config: ml_collections.ConfigDict):
     0 <= training.prompt_dropout < 1,
     f"training.prompt_dropout must be in [0, 1), got {training.prompt_dropout}.",
   )
+  rates = training.mask_rates
+  try:
+    low, high = (float(v) for v in rates.split(",")) if rates else (0.0, 1.0)
+  except ValueError:
+    low, high = 1.0, 0.0  # Unparseable: fails the check below.
+  check(
+    0 <= low < high <= 1,
+    f'training.mask_rates must be "" or "β,ω" with 0 <= β < ω <= 1, got {rates!r}.',
+  )
+  check(
+    not rates
+    or (
+      config.model.type == "mdm"
+      and training.estimator == "standard"
+      and config.diffusion.schedule not in schedules.LEARNED_NAMES
+    ),
+    "training.mask_rates clips the standard estimator of an mdm with a mask-rate schedule "
+    f"(training.estimator={training.estimator!r}, diffusion.schedule="
+    f"{config.diffusion.schedule!r}).",
+  )
   check(
     training.prompt_dropout == 0 or config.model.type == "mdm",
     "training.prompt_dropout hides prompts from a masked diffusion model; model.type is 'ar'.",

@@ -106,3 +106,48 @@ def test_block_size_must_divide_the_length(language, data):
       mask_id=MASK_ID,
       block_size=3,
     )
+
+
+def test_clipped_mask_rates_split_the_bound(language, data):
+  # BD3-LM's clipped schedule estimates the average of the integrand over its mask rates, so the
+  # halves [0, 1/2] and [1/2, 1] average to the whole bound (the exact NLL with the oracle).
+  schedule = schedules.get_schedule("linear")
+
+  def halves(mask_rates, block_size):
+    return jax.jit(
+      lambda key: bounds.nelbo(
+        key,
+        language.denoise_fn(MASK_ID),
+        data,
+        schedule,
+        mask_id=MASK_ID,
+        block_size=block_size,
+        mask_rates=mask_rates,
+      )
+    )(jax.random.PRNGKey(5))
+
+  for block_size in (4, 8):
+    low, high = (np.asarray(halves(r, block_size), np.float64) for r in ((0.0, 0.5), (0.5, 1.0)))
+    excess = 0.5 * (low + high) + np.asarray(language.log_prob(data), np.float64)
+    assert abs(excess.mean()) < 4 * excess.std(ddof=1) / np.sqrt(excess.size), excess.mean()
+    assert high.mean() > 1.2 * low.mean()  # At high mask rates a token has less context.
+
+
+def test_clipped_draws_stay_in_their_mask_rates(data):
+  from md4jax.diffusion import blocks  # pylint: disable=import-outside-toplevel
+
+  draws = blocks.draws(
+    jax.random.PRNGKey(0), data[:64], schedules.get_schedule("cosine"), 4, mask_rates=(0.3, 0.8)
+  )
+  rates = 1.0 - np.asarray(schedules.get_schedule("cosine").alpha(draws["t"]))
+  assert rates.min() >= 0.3 - 1e-5 and rates.max() <= 0.8 + 1e-5 and rates.std() > 0.1
+  with pytest.raises(ValueError, match="mask_rates"):
+    bounds.nelbo(
+      jax.random.PRNGKey(0),
+      lambda z, a: None,
+      data[:4],
+      "linear",
+      mask_id=MASK_ID,
+      estimator="mask_count",
+      mask_rates=(0.1, 0.9),
+    )

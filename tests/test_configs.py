@@ -200,6 +200,12 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
     (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
     (dict(sample__cache="triple"), r"sample.cache='triple' is unknown"),
+    (dict(training__mask_rates="0.5,0.2"), r"training.mask_rates must be \"\" or \"β,ω\""),
+    (dict(training__mask_rates="low"), r"training.mask_rates must be"),
+    (
+      dict(training__mask_rates="0.2,0.8", training__estimator="mask_count"),
+      r"training.mask_rates clips the standard estimator",
+    ),
     (
       dict(sample__cache="prefix"),
       r"the length 16 \(sample.length or data.seq_len\) must be <= data.seq_len and divisible",

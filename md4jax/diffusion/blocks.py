@@ -36,10 +36,12 @@ def draws(
   t_sampling: str = "stratified",
   row_index: Optional[jax.Array] = None,
   num_rows: Optional[int] = None,
+  mask_rates: Optional[tuple] = None,
 ) -> dict:
   """{"t": [B, K] in (0, 1], "masked": [B, L] bool}: each block's time (stratified over the
   global batch per block) and the masked positions (an editable position of block k is masked
-  with probability 1 − α(t_k)). As `bounds.nelbo`'s draws, a row's depend on its global index."""
+  with probability 1 − α(t_k)). As `bounds.nelbo`'s draws, a row's depend on its global index;
+  mask_rates (β, ω): BD3-LM's clipped schedule (`bounds.nelbo`)."""
   batch, length = x.shape
   time_key, mask_key = jax.random.split(key)
   times = [
@@ -48,7 +50,7 @@ def draws(
     )
     for block in range(length // block_size)
   ]
-  t = jnp.stack(times, axis=1)
+  t = masking.clipped_times(jnp.stack(times, axis=1), schedule, mask_rates)
   alpha = jnp.repeat(schedule.alpha(t), block_size, axis=1)
   keep = masking.uniform(masking.row_keys(mask_key, batch, row_index), x.shape) < alpha
   return {"t": t, "masked": masking.editable_or_all(x, editable) & ~keep}
@@ -68,6 +70,7 @@ def one_pass_nelbo(
   num_rows: Optional[int] = None,
   endpoint_terms: str = "sampled",
   block_draws: Optional[dict] = None,
+  mask_rates: Optional[tuple] = None,
 ) -> jax.Array:
   """One draw of the block bound of each sequence, in nats [B], from one pair_fn call.
 
@@ -96,6 +99,7 @@ def one_pass_nelbo(
       t_sampling=t_sampling,
       row_index=row_index,
       num_rows=num_rows,
+      mask_rates=mask_rates,
     )
   z_t = jnp.where(block_draws["masked"] & editable, mask_id, x).astype(x.dtype)
   ce = masking.masked_cross_entropy(pair_fn(z_t, x), x, z_t, mask_id=mask_id)

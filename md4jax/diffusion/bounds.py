@@ -115,6 +115,7 @@ def nelbo(
   endpoint_terms: str = "sampled",
   draws: Optional[dict] = None,
   block_size: Optional[int] = None,
+  mask_rates: Optional[tuple] = None,
 ) -> Array:
   """One-draw Monte Carlo estimate of the NELBO of each sequence, in nats, [B].
 
@@ -154,6 +155,9 @@ def nelbo(
       every later position masked, so the exact posterior gives the exact block law; b = 1
       is an autoregressive model's NLL. This is the reference path over any denoiser: one
       call per block (the training path: `md4jax.diffusion.blocks`).
+    mask_rates: (β, ω), BD3-LM's clipped schedule (standard estimator, continuous time): t
+      drawn so that the mask rate is uniform on [β, ω]. A training objective of lower variance,
+      the average of the integrand over those rates: not a bound unless (β, ω) = (0, 1).
   Returns:
     Per-sequence NELBO estimates [B] (float32); their mean is unbiased.
   """
@@ -188,6 +192,16 @@ def nelbo(
       "draws replay the standard continuous-time estimator of a mask-rate schedule; "
       f"got estimator={estimator!r}, num_steps={num_steps!r}, schedule {schedule.name!r}."
     )
+  if mask_rates is not None and (
+    estimator != "standard"
+    or num_steps is not None
+    or schedule.state_dependent
+    or not 0 <= mask_rates[0] < mask_rates[1] <= 1
+  ):
+    raise ValueError(
+      "mask_rates (β, ω) with 0 <= β < ω <= 1 clip the standard continuous-time estimator of a "
+      f"mask-rate schedule; got {mask_rates!r}, estimator={estimator!r}, num_steps={num_steps!r}."
+    )
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
   chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
@@ -212,6 +226,7 @@ def nelbo(
       time_input=time_input,
       endpoint_terms=endpoint_terms,
       draws=draws,
+      mask_rates=mask_rates,
     )
   if editable is not None:
     chex.assert_shape(
@@ -224,6 +239,7 @@ def nelbo(
   time_key, draw_key = jax.random.split(key)
   if draws is None:
     u = sample_times(time_key, x.shape[0], t_sampling, row_index=row_index, num_rows=num_rows)
+    u = masking.clipped_times(u, schedule, mask_rates)
   else:
     chex.assert_shape(draws["t"], x.shape[:1], custom_message="nelbo: draws['t'] must be [B]")
     chex.assert_shape(

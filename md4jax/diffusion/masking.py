@@ -185,5 +185,14 @@ def sample_times(
   return 1.0 - u  # u in [0, 1), so t is never 0 and the weight stays finite.
 
 
+def clipped_times(t: Array, schedule, mask_rates: Optional[tuple]) -> Array:
+  """BD3-LM's clipped schedule: the times whose mask rate 1 − α(t) is β + (ω − β) t, uniform on
+  [β, ω] for t uniform (mask_rates = (β, ω)); t itself for None."""
+  if mask_rates is None:
+    return t
+  low, high = mask_rates
+  return schedule.time_of(1.0 - (low + (high - low) * t))
+
+
 def editable_or_all(x: Array, editable: Optional[Array]) -> Array:
   return jnp.ones(x.shape, jnp.bool_) if editable is None else editable.astype(jnp.bool_)

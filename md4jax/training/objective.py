@@ -90,6 +90,14 @@ def _hide(hidden, mask_id: int):
   return lambda tokens: jnp.where(hidden, mask_id, tokens).astype(tokens.dtype)
 
 
+def training_mask_rates(config: ml_collections.ConfigDict) -> Optional[tuple]:
+  """config.training.mask_rates as (β, ω), or None for the whole range."""
+  if not config.training.mask_rates:
+    return None
+  low, high = (float(v) for v in config.training.mask_rates.split(","))
+  return (low, high)
+
+
 def dropped_prompts(batch: dict, key, p: float, row_index: jax.Array) -> jax.Array:
   """[B, L] bool: the prompt positions (read, never scored: not editable, not padding) of the
   rows whose prompt is dropped, each with probability p (classifier-free guidance's
@@ -127,6 +135,7 @@ def sequence_nats(
   num_rows: Optional[int] = None,
   draws: Optional[dict] = None,
   hidden: Optional[jax.Array] = None,
+  mask_rates: Optional[tuple] = None,
 ) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
@@ -134,7 +143,8 @@ def sequence_nats(
   the batch is the global batch), so a row's draws do not depend on how the
   batch is split (`bounds.nelbo`). draws ({"t": [B], "masked": [B, L]}, mdm) replay
   given times and masks instead of drawing them (`bounds.nelbo`). hidden [B, L] (mdm): non-editable
-  positions the network sees masked.
+  positions the network sees masked. mask_rates (β, ω): BD3-LM's clipped schedule
+  (`bounds.nelbo`).
   """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
   editable = batch["editable"].astype(bool)
@@ -164,6 +174,7 @@ def sequence_nats(
       num_rows=num_rows,
       endpoint_terms=config.diffusion.endpoint_terms,
       block_draws=draws,
+      mask_rates=mask_rates,
     )
   return bounds.nelbo(
     key,
@@ -182,6 +193,7 @@ def sequence_nats(
     endpoint_terms=config.diffusion.endpoint_terms,
     draws=draws,
     block_size=block_size,
+    mask_rates=mask_rates,
   )
 
 
@@ -217,6 +229,7 @@ def training_loss(
       num_rows=num_rows,
       draws=draws,
       hidden=hidden,
+      mask_rates=training_mask_rates(config),
     )
     return nats, nats
   if draws is not None:
