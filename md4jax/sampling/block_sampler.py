@@ -58,6 +58,10 @@ def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape
   batch_size, block_size, num_blocks, window = shape
   columns = jnp.arange(window)
 
+  sampler = dict(
+    batch_size=batch_size, schedule=schedule, mask_id=mask_id, method=method, **dict(settings)
+  )
+
   def run(key, tokens, given):
     def one_block(block, carry):
       tokens, nfe, broken = carry
@@ -72,28 +76,35 @@ def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape
         logits = denoise_fn(jax.lax.dynamic_update_slice_in_dim(shown, z, offset, axis=1), alpha)
         return jax.lax.dynamic_slice_in_dim(logits, offset, block_size, axis=1)
 
-      new, info = samplers.sample(
-        jax.random.fold_in(key, block),
-        block_denoiser,
-        batch_size=batch_size,
-        length=block_size,
-        schedule=schedule,
-        mask_id=mask_id,
-        method=method,
-        prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
-        prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
-        **dict(settings),
+      tokens, new, nfe, broken = sample_block(
+        key, block, block_denoiser, tokens, given, nfe, broken, block_size, sampler
       )
-      broken = jnp.where(
-        (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
-      )
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
-      return tokens, nfe + info["nfe"], broken
+      return tokens, nfe, broken
 
     carry = (tokens, jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32))
     return jax.lax.fori_loop(0, num_blocks, one_block, carry)
 
   return jax.jit(run)
+
+
+def sample_block(key, block, denoise_fn, tokens, given, nfe, broken, block_size: int, sampler):
+  """Block `block` of tokens [B, K b] sampled by `sample` (sampler: its other arguments) through
+  denoise_fn on the block's b positions, its prompt positions (given) clamped: (tokens with the
+  block, the block, calls so far, the first broken call or −1)."""
+  start = block * block_size
+  new, info = samplers.sample(
+    jax.random.fold_in(key, block),
+    denoise_fn,
+    length=block_size,
+    prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
+    prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
+    **sampler,
+  )
+  broken = jnp.where(
+    (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
+  )
+  tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
+  return tokens, new, nfe + info["nfe"], broken
 
 
 def compiled(builder, settings: tuple):
@@ -161,6 +172,10 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, set
     model.model_dim // model.num_heads,
   )
 
+  sampler = dict(
+    batch_size=batch_size, schedule=schedule, mask_id=mask_id, method=method, **dict(settings)
+  )
+
   def run(key, params, tokens, given):
     def one_block(block, carry):
       tokens, cache, nfe, broken = carry
@@ -170,22 +185,17 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, set
       def call(z, alpha):
         return model.apply({"params": params}, z, alpha, positions=positions, cache=cache)
 
-      new, info = samplers.sample(
-        jax.random.fold_in(key, block),
+      tokens, new, nfe, broken = sample_block(
+        key,
+        block,
         lambda z, alpha: call(z, alpha)[0],
-        batch_size=batch_size,
-        length=block_size,
-        schedule=schedule,
-        mask_id=mask_id,
-        method=method,
-        prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
-        prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
-        **dict(settings),
+        tokens,
+        given,
+        nfe,
+        broken,
+        block_size,
+        sampler,
       )
-      broken = jnp.where(
-        (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
-      )
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
       if slots:
         _, written = call(new, clean_alpha)
         slot = (block % ring) * block_size
@@ -196,7 +206,7 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, set
             cache["valid"], jnp.ones(block_size, bool), slot, axis=0
           ),
         }
-      return tokens, cache, nfe + info["nfe"], broken
+      return tokens, cache, nfe, broken
 
     cache = {
       "k": jnp.zeros(cache_shape, model.dtype),

@@ -34,6 +34,10 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, cache: str, shape
   head_dim = model.model_dim // model.num_heads
   empty_shape = (model.num_layers, batch_size, 0, model.num_heads, head_dim)
 
+  sampler = dict(
+    batch_size=batch_size, schedule=schedule, mask_id=mask_id, method=method, **dict(settings)
+  )
+
   def run(key, params, tokens, given):
     def one_block(block, carry):
       tokens, nfe, broken = carry
@@ -63,23 +67,10 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, cache: str, shape
           return model.apply({"params": params}, z, alpha, positions=positions, cache=cached)[0]
 
         refresh_calls = 1
-      new, info = samplers.sample(
-        jax.random.fold_in(key, block),
-        denoise_fn,
-        batch_size=batch_size,
-        length=block_size,
-        schedule=schedule,
-        mask_id=mask_id,
-        method=method,
-        prompt=jax.lax.dynamic_slice_in_dim(tokens, start, block_size, axis=1),
-        prompt_mask=jax.lax.dynamic_slice_in_dim(given, start, block_size),
-        **dict(settings),
+      tokens, _, nfe, broken = block_sampler.sample_block(
+        key, block, denoise_fn, tokens, given, nfe, broken, block_size, sampler
       )
-      broken = jnp.where(
-        (broken < 0) & (info["nonfinite_call"] >= 0), nfe + info["nonfinite_call"], broken
-      )
-      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
-      return tokens, nfe + info["nfe"] + refresh_calls, broken
+      return tokens, nfe + refresh_calls, broken
 
     carry = (tokens, jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32))
     return jax.lax.fori_loop(0, num_blocks, one_block, carry)
