@@ -1,6 +1,8 @@
 """The ground-truth Markov language as 'models' with the Flax apply interface, for exact oracles."""
 
 import jax.numpy as jnp
+import numpy as np
+import scipy.stats
 
 
 class OracleChain:
@@ -29,3 +31,20 @@ class OracleDenoiser:
   def apply(self, variables, z_t, alpha=None, segments=None, positions=None):
     del variables, segments, positions
     return self.denoise(z_t, alpha)
+
+
+def assert_draws_the_chain(language, tokens, mask_id: int):
+  """Samples [n, L] follow the true chain: no mask left, mean −log p within 4 SE of the entropy,
+  and the bigram counts pass a χ² test against the transition matrix (p = 1e-4)."""
+  tokens = np.asarray(tokens)
+  vocab, length = language.vocab_size, tokens.shape[1]
+  assert not np.any(tokens == mask_id)
+  nll = -np.asarray(language.log_prob(tokens), np.float64)
+  gap, se = nll.mean() - language.entropy(length), nll.std(ddof=1) / np.sqrt(nll.size)
+  assert abs(gap) < 4 * se, (gap, se)
+  counts = np.zeros((vocab, vocab))
+  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
+  expected = counts.sum(1, keepdims=True) * language.transition
+  keep = expected >= 5
+  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
+  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, keep.sum() - vocab), statistic

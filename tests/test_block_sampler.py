@@ -5,8 +5,8 @@ with the exact oracle draws the true chain."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import oracles
 import pytest
-import scipy.stats
 
 from md4jax.diffusion import groundtruth, schedules
 from md4jax.model.transformer import Transformer
@@ -146,14 +146,4 @@ def test_with_the_oracle_blocks_draw_the_true_chain(block_size, method):
     method=method,
     num_steps=2,
   )
-  tokens = np.asarray(tokens)
-  assert not np.any(tokens == MASK_ID)
-  nll = -np.asarray(language.log_prob(tokens), np.float64)
-  gap, se = nll.mean() - language.entropy(length), nll.std(ddof=1) / np.sqrt(nll.size)
-  assert abs(gap) < 4 * se, (gap, se)
-  counts = np.zeros((VOCAB, VOCAB))
-  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
-  expected = counts.sum(1, keepdims=True) * language.transition
-  keep = expected >= 5
-  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
-  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, keep.sum() - VOCAB), statistic
+  oracles.assert_draws_the_chain(language, tokens, MASK_ID)

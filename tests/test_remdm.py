@@ -4,8 +4,8 @@ draws the true chain, on the grid and in the loop at a fixed α."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import oracles
 import pytest
-import scipy.stats
 
 from md4jax.diffusion import groundtruth, schedules
 from md4jax.sampling import samplers
@@ -43,19 +43,6 @@ def test_eta_zero_is_ancestral_token_for_token(language, remask):
   assert int(info["nfe"]) == 32
 
 
-def _assert_draws_the_chain(language, tokens):
-  assert not np.any(tokens == MASK_ID)
-  nll = -np.asarray(language.log_prob(tokens), np.float64)
-  gap, se = nll.mean() - language.entropy(LENGTH), nll.std(ddof=1) / np.sqrt(nll.size)
-  assert abs(gap) < 4 * se, (gap, se)
-  counts = np.zeros((VOCAB, VOCAB))
-  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
-  expected = counts.sum(1, keepdims=True) * language.transition
-  keep = expected >= 5
-  statistic = np.sum((counts - expected)[keep] ** 2 / expected[keep])
-  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, keep.sum() - VOCAB), statistic
-
-
 @pytest.mark.parametrize(
   "remask,eta,num_steps",
   [pytest.param("cap", 0.01, 256, marks=pytest.mark.slow), ("rescale", 0.05, 128)],
@@ -66,7 +53,7 @@ def test_remasking_with_small_steps_draws_the_true_chain(language, remask, eta, 
   tokens, info = _sample(
     language, 4000, num_steps, seed=1, method="remdm", remask=remask, remask_eta=eta
   )
-  _assert_draws_the_chain(language, tokens)
+  oracles.assert_draws_the_chain(language, tokens, MASK_ID)
   assert int(info["nfe"]) == num_steps
 
 
@@ -110,7 +97,7 @@ def test_the_loop_at_a_fixed_alpha_keeps_the_true_chain(language):
     remask_loop=32,
     remask_loop_alpha=0.5,
   )
-  _assert_draws_the_chain(language, tokens)
+  oracles.assert_draws_the_chain(language, tokens, MASK_ID)
   assert int(info["nfe"]) == 64 + 32
 
 
