@@ -112,6 +112,14 @@ def _timed(fn, *args):
   return sharding.to_host(outputs), time.perf_counter() - start
 
 
+def _timed_on_host(run):
+  """run() -> (tokens, info), a sampler that compiles and checks itself: (host tokens, network
+  calls, seconds, no trajectory)."""
+  start = time.perf_counter()
+  tokens, info = run()
+  return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
+
+
 def generate(
   config: ml_collections.ConfigDict, model, params, source, key, *, record_trajectory: bool = False
 ):
@@ -161,46 +169,46 @@ def generate(
     **filters,
   )
   if model.block_size:  # Block diffusion: block after block, with the KV cache, at any length.
-    start = time.perf_counter()
-    tokens, info = block_sampler.sample_blocks_cached(
-      key,
-      model,
-      params,
-      batch_size=cfg.num_samples,
-      length=length,
-      block_size=model.block_size,
-      context_length=seq_len,
-      prompt=prompt_ids,
-      **sample_kwargs,
+    return _timed_on_host(
+      lambda: block_sampler.sample_blocks_cached(
+        key,
+        model,
+        params,
+        batch_size=cfg.num_samples,
+        length=length,
+        block_size=model.block_size,
+        context_length=seq_len,
+        prompt=prompt_ids,
+        **sample_kwargs,
+      )
     )
-    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
   if cfg.cache != "none":  # Block-wise decoding within the context, Fast-dLLM's caches.
-    start = time.perf_counter()
-    tokens, info = prefix_cache.sample_with_cache(
-      key,
-      model,
-      params,
-      batch_size=cfg.num_samples,
-      length=length,
-      block_size=cfg.block_length,
-      cache=cfg.cache,
-      prompt=prompt_ids,
-      **sample_kwargs,
+    return _timed_on_host(
+      lambda: prefix_cache.sample_with_cache(
+        key,
+        model,
+        params,
+        batch_size=cfg.num_samples,
+        length=length,
+        block_size=cfg.block_length,
+        cache=cfg.cache,
+        prompt=prompt_ids,
+        **sample_kwargs,
+      )
     )
-    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
   if length > seq_len:
-    start = time.perf_counter()
-    tokens, info = blockwise.generate_semi_autoregressive(
-      key,
-      denoiser(params),
-      batch_size=cfg.num_samples,
-      total_length=length,
-      context_length=seq_len,
-      block_length=cfg.block_length or seq_len // 2,
-      prompt=prompt_ids,
-      **sample_kwargs,
+    return _timed_on_host(
+      lambda: blockwise.generate_semi_autoregressive(
+        key,
+        denoiser(params),
+        batch_size=cfg.num_samples,
+        total_length=length,
+        context_length=seq_len,
+        block_length=cfg.block_length or seq_len // 2,
+        prompt=prompt_ids,
+        **sample_kwargs,
+      )
     )
-    return sharding.to_host(tokens), int(info["nfe"]), time.perf_counter() - start, None
   (tokens, info), seconds = _timed(
     lambda p, k, pr, pm: samplers.sample(
       k,
