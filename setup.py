@@ -25,6 +25,7 @@ setuptools.setup(
     "tensorflow-datasets>=4.9.8,<5",
     "importlib_resources>=6",  # tensorflow-datasets on Python 3.11 imports it.
     "tokenizers>=0.21,<1",
+    "safetensors>=0.4,<1",  # Hugging Face weights in and out (md4jax.convert), NumPy only.
     "numpy>=1.26,<3",
     "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.
     "pillow>=10",  # Animated GIFs of sampling trajectories.
@@ -32,7 +33,11 @@ setuptools.setup(
   ],
   extras_require={
     # The test suite: python -m pytest -q tests (README, Development).
-    "test": ["pytest>=8", "scipy>=1.11", "ruff>=0.17,<0.18"],
+    "test": ["pytest>=8", "scipy>=1.11", "ruff>=0.17,<0.18", "lm-eval>=0.4.13,<0.5"],
+    # EleutherAI's lm-evaluation-harness: lm_eval --model md4jax (no torch needed).
+    "lmeval": ["lm-eval>=0.4.13,<0.5"],
+    # Hugging Face transformers with torch: only to write the conversion's golden files.
+    "hf": ["transformers>=4.45", "torch>=2.4"],
     # libtpu: TPU VMs, and the TPU compiler that md4jax.aot (and its tests) use on any machine.
     "tpu": ["jax[tpu]>=0.10,<0.12"],
     # TensorFlow: LM1B and OpenWebText read through tensorflow-datasets when no local copy is given.
