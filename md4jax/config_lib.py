@@ -85,7 +85,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.output_init = "normal"  # Init of the logits layer: "normal" (as model.weight_init's other matrices) or "zeros" (as MD4).
   config.model.weight_init = "normal"  # "normal" (std 0.02, residual-stream outputs 0.02/√(2N)), "fan_in" (truncated normal, variance 1/fan_in) or "fan_in_mlp_depth" (MD4: the MLP's at (2/N)/fan_in).
   config.model.norm_eps = 1e-6  # Epsilon of every norm (MD4: 1e-5).
-  config.model.biases = False  # Biases on the embedding projection, the time MLP and the adaLN projections (MD4); never on attention, MLP or logits.
+  config.model.biases = False  # Biases on the embedding projection, the time MLP and the adaLN projections (MD4); never on attention (see qkv_bias), MLP or logits.
+  config.model.num_kv_heads = 0  # Key and value heads (grouped-query attention, Llama's and Qwen2's), each read by num_heads / num_kv_heads query heads; 0 = num_heads.
+  config.model.qkv_bias = False  # A bias on the attention's query, key and value projections (Qwen2's).
+  config.model.tie_embeddings = False  # Logits read off the token embedding's first vocab_size rows (the mask row is an input only) instead of a logits layer of their own (tie_word_embeddings); needs embed_dim = 0.
+  config.model.rope_base = 10000.0  # RoPE's θ: a head's pair i turns by rope_base^(-2i/head_dim) per position (Llama 3: 500000, Qwen2: 1000000).
   config.model.time_input = "alpha"  # adaln: the denoiser's time input, "alpha" (α(t)) or "t" (MD4; the samplers pass t = the schedule's inverse of α).
   config.model.time_features = "dit"  # adaln: sinusoidal time features, "dit" ([cos, sin], 10000^(-i/half)) or "ddpm" ([sin, cos], 10000^(-i/(half-1)), MD4).
   config.model.time_dim = 0  # adaln: width of the time features and time embedding (MD4: the head dim); 0 = model_dim.
@@ -220,6 +224,10 @@ CHECKPOINT_KEYS = (
   "model.time_dim",
   "model.time_hidden_dim",
   "model.adaln_activation",
+  "model.num_kv_heads",
+  "model.qkv_bias",
+  "model.tie_embeddings",
+  "model.rope_base",
   "model.preset",
 )
 

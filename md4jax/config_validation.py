@@ -102,7 +102,7 @@ def _validate_mesh(config: ml_collections.ConfigDict, num_devices: int):
     model.model_dim % fsdp == 0,
     f"model.model_dim={model.model_dim} is not divisible by mesh.fsdp={fsdp}, which shards it.",
   )
-  for name in ("num_heads", "mlp_dim"):
+  for name in ("num_heads", "mlp_dim", "num_kv_heads"):  # num_kv_heads = 0 (num_heads) passes.
     check(
       model[name] % tensor == 0,
       f"model.{name}={model[name]} is not divisible by mesh.tensor={tensor}, which splits it.",
@@ -124,8 +124,23 @@ def _validate_network(model: ml_collections.ConfigDict):
     isinstance(model.norm_eps, float) and model.norm_eps > 0,
     f"model.norm_eps must be a float > 0, got {model.norm_eps!r}.",
   )
+  for name in ("biases", "scan_layers", "qkv_bias", "tie_embeddings"):
+    check(
+      isinstance(model[name], bool), f"model.{name} must be true or false, got {model[name]!r}."
+    )
+  kv_heads = model.num_kv_heads
   check(
-    isinstance(model.biases, bool), f"model.biases must be true or false, got {model.biases!r}."
+    type(kv_heads) is int and kv_heads >= 0 and model.num_heads % (kv_heads or 1) == 0,  # pylint: disable=unidiomatic-typecheck
+    f"model.num_kv_heads={kv_heads!r} must be 0 (= num_heads) or divide model.num_heads="
+    f"{model.num_heads}: each key/value head serves a whole group of query heads.",
+  )
+  check(
+    not (model.tie_embeddings and model.embed_dim),
+    "model.tie_embeddings reads the logits off the model_dim-wide embedding: set model.embed_dim=0.",
+  )
+  check(
+    isinstance(model.rope_base, float) and model.rope_base > 0,
+    f"model.rope_base must be a float > 0 (RoPE's θ), got {model.rope_base!r}.",
   )
   for name in ("time_dim", "time_hidden_dim"):
     check(
@@ -140,10 +155,6 @@ def _validate_network(model: ml_collections.ConfigDict):
   check(
     type(model.embed_dim) is int and model.embed_dim >= 0,  # pylint: disable=unidiomatic-typecheck
     f"model.embed_dim must be an integer >= 0 (0: model_dim), got {model.embed_dim!r}.",
-  )
-  check(
-    isinstance(model.scan_layers, bool),
-    f"model.scan_layers must be true or false, got {model.scan_layers!r}.",
   )
 
 

@@ -1,5 +1,5 @@
-"""Self-attention: the Attention layer (RoPE, no biases; XLA, cuDNN or the TPU splash kernel)
-and its masks.
+"""Self-attention: the Attention layer (RoPE, optional grouped-query heads and q/k/v biases;
+XLA, cuDNN or the TPU splash kernel) and its masks.
 """
 
 import flax.linen as nn
@@ -68,7 +68,13 @@ def softmax_attention(q, k, v, mask=None, causal: bool = False):
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention with RoPE; no biases."""
+  """Multi-head self-attention with RoPE; no output bias.
+
+  With num_kv_heads < num_heads (grouped-query attention, Llama's and Qwen2's), the keys and
+  values have num_kv_heads heads, each read by num_heads / num_kv_heads consecutive query heads;
+  they are repeated to num_heads before the attention kernel, so every implementation (and the
+  block sampler's cache, [.., H, Dh]) sees the usual shapes.
+  """
 
   num_heads: int
   causal: bool
@@ -78,6 +84,8 @@ class Attention(nn.Module):
   implementation: str = "xla"
   # (block_size, two_stream) of `block_pattern`, which restricts every mask; () = none.
   block_layout: tuple = ()
+  num_kv_heads: int = 0  # Key and value heads (grouped-query attention); 0 = num_heads.
+  qkv_bias: bool = False  # A bias on the query, key and value projections (Qwen2's).
 
   @nn.compact
   def __call__(self, x, rope, mask=None, segment_ids=None, cache=None):
@@ -96,23 +104,29 @@ class Attention(nn.Module):
       mask = allowed if mask is None else mask & allowed
     model_dim = x.shape[-1]
     head_dim = model_dim // self.num_heads
-    # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
-    qkv = Projection(
-      (model_dim, 3, self.num_heads, head_dim),
-      1,
-      ("embed", "qkv", "heads", "head_dim"),
-      kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
-      self.dtype,
-      name="qkv",
-    )(x)
-    # RoPE rotates q and k together ([B, L, 2, H, Dh], cos and sin broadcast over the pair): one
-    # pass instead of two (faster; docs/performance.md). Split and unstacked, not indexed: the
-    # gradient is one concatenation, not zero-padded copies summed.
-    qk, v = jnp.split(qkv, [2], axis=2)
+    kv_heads = self.num_kv_heads or self.num_heads
     cos, sin = rope
-    qk = rotate(qk, cos[:, :, None], sin[:, :, None])
-    q, k = (constrain(a, HEADS) for a in jnp.unstack(qk, axis=2))  # each [B, L, H, Dh]
-    v = constrain(v[:, :, 0], HEADS)
+    if kv_heads == self.num_heads:
+      # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
+      qkv = Projection(
+        (model_dim, 3, self.num_heads, head_dim),
+        1,
+        ("embed", "qkv", "heads", "head_dim"),
+        kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
+        self.dtype,
+        self.qkv_bias,
+        name="qkv",
+      )(x)
+      # RoPE rotates q and k together ([B, L, 2, H, Dh], cos and sin broadcast over the pair):
+      # one pass instead of two (faster; docs/performance.md). Split and unstacked, not indexed:
+      # the gradient is one concatenation, not zero-padded copies summed.
+      qk, v = jnp.split(qkv, [2], axis=2)
+      qk = rotate(qk, cos[:, :, None], sin[:, :, None])
+      q, k = jnp.unstack(qk, axis=2)  # each [B, L, H, Dh]
+      v = v[:, :, 0]
+    else:
+      q, k, v = self._grouped_qkv(x, cos, sin, head_dim, kv_heads)
+    q, k, v = (constrain(a, HEADS) for a in (q, k, v))
     # With a mask and causal both, attention is allowed where the mask is True and causality holds.
     if cache is not None:
       cached_k, cached_v, valid = cache
@@ -143,3 +157,30 @@ class Attention(nn.Module):
       name="out",
     )(out)
     return out if cache is None else (out, (k, v))
+
+  def _grouped_qkv(self, x, cos, sin, head_dim: int, kv_heads: int):
+    """q [B, L, H, Dh] and k, v repeated from kv_heads to H heads (query head j reads key and
+    value head j // (H / kv_heads)), from a q kernel [D, H, Dh] and a kv kernel [D, 2, Hkv, Dh]."""
+    model_dim = x.shape[-1]
+    q = Projection(
+      (model_dim, self.num_heads, head_dim),
+      1,
+      ("embed", "heads", "head_dim"),
+      kernel_init(self.weight_init, self.num_layers, 0, (1, 2)),
+      self.dtype,
+      self.qkv_bias,
+      name="q",
+    )(x)
+    kv = Projection(
+      (model_dim, 2, kv_heads, head_dim),
+      1,
+      ("embed", "qkv", "heads", "head_dim"),
+      kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
+      self.dtype,
+      self.qkv_bias,
+      name="kv",
+    )(x)
+    k, v = jnp.unstack(kv, axis=2)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    group = self.num_heads // kv_heads
+    return q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)

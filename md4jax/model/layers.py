@@ -102,8 +102,9 @@ def modulate(x, shift, scale):
 
 
 class Projection(nn.Module):
-  """x [..., *in] -> [..., *out] by a float32 param "kernel" [*in, *out] (as nn.Dense's; no
-  bias) with logical axis names, contracting x's last num_in dims (`projection.project`).
+  """x [..., *in] -> [..., *out] by a float32 param "kernel" [*in, *out] (as nn.Dense's) with
+  logical axis names, contracting x's last num_in dims (`projection.project`); with bias, plus a
+  float32 param "bias" [*out] (zeros at init).
 
   (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
   named-axis constraint flax applies when it checks an existing param's shape.)
@@ -114,12 +115,20 @@ class Projection(nn.Module):
   names: tuple
   initializer: object  # A JAX initializer of the kernel.
   dtype: jnp.dtype
+  bias: bool = False
 
   @nn.compact
   def __call__(self, x):
     kernel = kernel_param(self, self.shape, self.names, self.initializer)
-    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-    return named_projection(x, kernel, self.num_in)
+    if not self.bias:
+      x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+      return named_projection(x, kernel, self.num_in)
+    out_shape, out_names = self.shape[self.num_in :], self.names[self.num_in :]
+    bias = self.param(
+      "bias", logical_init(nn.initializers.zeros, out_names), out_shape, jnp.float32
+    )
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    return named_projection(x, kernel, self.num_in) + bias
 
 
 class SwiGLU(nn.Module):

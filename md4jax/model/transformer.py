@@ -27,11 +27,11 @@ from md4jax.model.attention import (  # noqa: F401 (re-exported)
   segment_attention_mask,
   softmax_attention,
 )
+from md4jax.model.block import Block, ScannedBlock, remat_policy
 from md4jax.model.layers import (
   HIDDEN,
   TIME_FEATURES,
   WEIGHT_INITS,
-  SwiGLU,
   adaln_projection,
   constrain,
   embedding_init,
@@ -41,7 +41,6 @@ from md4jax.model.layers import (
   modulate,
   timestep_features,
 )
-from md4jax.model.projection import PROJECTION
 from md4jax.model.rope import rope_cos_sin
 from md4jax.model.splash import splash_attention, splash_block_size  # noqa: F401 (re-exported)
 
@@ -55,87 +54,6 @@ ADALN_ACTIVATIONS = (
   "sigmoid",
 )  # Applied to the time embedding before every adaLN projection.
 _TIME_CONDITIONINGS = ("none", "adaln")
-
-
-class Block(nn.Module):
-  """Pre-norm Transformer block, optionally adaLN-Zero modulated by `cond`."""
-
-  num_heads: int
-  mlp_dim: int
-  causal: bool
-  weight_init: str  # WEIGHT_INITS
-  num_layers: int  # Of the whole network: the depth-scaled inits use it.
-  dtype: jnp.dtype
-  attention: str = "xla"
-  norm: str = "rms"
-  norm_eps: float = 1e-6
-  mlp: str = "swiglu"
-  biases: bool = False  # A bias on the adaLN projection.
-  block_layout: tuple = ()  # Attention's.
-
-  @nn.compact
-  def __call__(self, x, cond, mask, rope, segment_ids=None, cache=None):
-    """x [B, L, D]; cond [B, C] (the activated time embedding) or None; mask, rope,
-    segment_ids and cache as Attention takes them (with cache: returns (x, x's keys and values))."""
-    model_dim = x.shape[-1]
-    norm = lambda name: make_norm(self.norm, self.norm_eps, self.dtype, name)
-    attn = Attention(
-      self.num_heads,
-      self.causal,
-      self.weight_init,
-      self.num_layers,
-      self.dtype,
-      self.attention,
-      self.block_layout,
-      name="attn",
-    )
-    mlp = SwiGLU(self.mlp_dim, self.weight_init, self.num_layers, self.dtype, self.mlp, name="mlp")
-    kv = None
-
-    def attend(h):
-      nonlocal kv
-      out = attn(h, rope, mask, segment_ids, cache)
-      if cache is None:
-        return out
-      out, kv = out
-      return out
-
-    if cond is None:
-      x = x + attend(norm("attn_norm")(x))
-      x = constrain(x + mlp(norm("mlp_norm")(x)), HIDDEN)
-      return x if cache is None else (x, kv)
-    # Zero init: gates are 0, so the block starts as the identity and the
-    # conditioning is learned in smoothly (adaLN-Zero, Peebles & Xie 2023).
-    cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)  # A narrower one: whole.
-    mod = adaln_projection(6 * model_dim, cond_names, self.biases, self.dtype, "adaln")(cond)
-    shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attend(modulate(norm("attn_norm")(x), shift1, scale1))
-    x = x + gate2[:, None, :] * mlp(modulate(norm("mlp_norm")(x), shift2, scale2))
-    x = constrain(x, HIDDEN)
-    return x if cache is None else (x, kv)
-
-
-class _ScannedBlock(nn.Module):
-  """A Block in nn.scan's (carry, out) form: the residual stream is the carry."""
-
-  block: type
-  kwargs: dict
-
-  @nn.compact
-  def __call__(self, x, cond, mask, rope, segment_ids, cache):
-    out = self.block(**self.kwargs, name="block")(x, cond, mask, rope, segment_ids, cache)
-    return out if cache is not None else (out, None)
-
-
-def _remat_policy(remat: str):
-  """jax.checkpoint policy: "full" saves nothing, "save_dots" keeps the weight matmuls' outputs
-  (`project`'s by name: a policy does not see the matmul inside a custom_vjp)."""
-  if remat == "full":
-    return None
-  policies = jax.checkpoint_policies
-  return policies.save_from_both_policies(
-    policies.dots_with_no_batch_dims_saveable, policies.save_only_these_names(PROJECTION)
-  )
 
 
 class Transformer(nn.Module):
@@ -183,6 +101,11 @@ class Transformer(nn.Module):
   # Block diffusion (BD3-LM): a position in block k reads blocks <= k only, so a block never sees
   # what comes after it; 0 = none (every position reads every other).
   block_size: int = 0
+  num_kv_heads: int = 0  # Key and value heads (grouped-query attention); 0 = num_heads.
+  qkv_bias: bool = False  # A bias on the query, key and value projections (Qwen2's).
+  # The logits read the embedding's first V rows (the mask row V is an input only) instead of a
+  # logits layer of their own (Llama's and Qwen2's tie_word_embeddings).
+  tie_embeddings: bool = False
 
   def _check_config(self, alpha):
     if self.time_conditioning not in _TIME_CONDITIONINGS:
@@ -211,6 +134,12 @@ class Transformer(nn.Module):
     head_dim = self.model_dim // self.num_heads
     if head_dim % 2:
       raise ValueError(f"head dim {head_dim} (model_dim / num_heads) must be even for RoPE")
+    if self.num_heads % (self.num_kv_heads or self.num_heads):
+      raise ValueError(
+        f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}"
+      )
+    if self.tie_embeddings and self.embed_dim:
+      raise ValueError("tie_embeddings needs an embedding of the model's width (embed_dim=0)")
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
@@ -248,11 +177,13 @@ class Transformer(nn.Module):
       norm_eps=self.norm_eps,
       mlp=self.mlp,
       biases=self.biases,
+      num_kv_heads=self.num_kv_heads,
+      qkv_bias=self.qkv_bias,
     )
     block = Block
     if self.remat != "none":
       # Under scan, the loop already keeps XLA from merging recomputation into the forward pass.
-      block = nn.remat(Block, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers)
+      block = nn.remat(Block, policy=remat_policy(self.remat), prevent_cse=not self.scan_layers)
     layer_caches = None
     if cache is not None:
       keys, values, valid = cache
@@ -269,7 +200,7 @@ class Transformer(nn.Module):
         return x
       return x, jax.tree.map(lambda *a: jnp.stack(a), *new_kv)
     scanned = nn.scan(
-      _ScannedBlock,
+      ScannedBlock,
       variable_axes={"params": 0},
       split_rngs={"params": True},
       in_axes=(nn.broadcast,) * 4 + (0,),
@@ -354,7 +285,7 @@ class Transformer(nn.Module):
 
     # V + 1 rows: the extra row is the mask token (input only).
     embed_dim = self.embed_dim or self.model_dim
-    x = nn.Embed(
+    embed = nn.Embed(
       self.vocab_size + 1,
       embed_dim,
       dtype=self.dtype,
@@ -363,7 +294,8 @@ class Transformer(nn.Module):
         embedding_init(self.weight_init), ("vocab", None if self.embed_dim else "embed")
       ),
       name="embed",
-    )(tokens)
+    )
+    x = embed(tokens)
     if self.embed_dim:  # A narrow embedding projected to the width (MD4's 64-d tokens).
       x = dense(self.model_dim, (None, "embed"), "embed_proj")(x)
     x = constrain(x, HIDDEN)
@@ -404,15 +336,19 @@ class Transformer(nn.Module):
       )(cond)
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = modulate(x, shift, scale)
-    output_init = nn.initializers.zeros if self.output_init == "zeros" else dense_init
-    logits = nn.Dense(
-      self.vocab_size,
-      use_bias=False,
-      dtype=self.dtype,
-      param_dtype=jnp.float32,
-      kernel_init=logical_init(output_init, ("embed", "vocab")),
-      name="logits",
-    )(x)
+    if self.tie_embeddings:
+      x, table = nn.dtypes.promote_dtype(x, embed.embedding[: self.vocab_size], dtype=self.dtype)
+      logits = jnp.einsum("bld,vd->blv", x, table)
+    else:
+      output_init = nn.initializers.zeros if self.output_init == "zeros" else dense_init
+      logits = nn.Dense(
+        self.vocab_size,
+        use_bias=False,
+        dtype=self.dtype,
+        param_dtype=jnp.float32,
+        kernel_init=logical_init(output_init, ("embed", "vocab")),
+        name="logits",
+      )(x)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
     logits = constrain(logits, ("batch", "length", "vocab"))
     return logits if cache is None else (logits, {"k": new_kv[0], "v": new_kv[1]})

@@ -56,6 +56,10 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
     time_hidden_dim=m.time_hidden_dim,
     adaln_activation=m.adaln_activation,
     block_size=block_size(config),
+    num_kv_heads=m.num_kv_heads,
+    qkv_bias=m.qkv_bias,
+    tie_embeddings=m.tie_embeddings,
+    rope_base=m.rope_base,
   )
 
 
@@ -77,10 +81,12 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def weight_decay_mask(params) -> Any:
-  """True for matrices; norm scales, biases and other vectors are not decayed."""
+  """True for matrices; norm scales, biases (the q/k/v ones are [3, H, Dh]: named, not
+  vectors) and other vectors are not decayed."""
 
   def decays(path, param):
-    return param.ndim >= 2 and not any("norm" in str(getattr(k, "key", k)) for k in path)
+    names = [str(getattr(k, "key", k)) for k in path]
+    return param.ndim >= 2 and names[-1] != "bias" and not any("norm" in name for name in names)
 
   return jax.tree_util.tree_map_with_path(decays, params)
 
