@@ -50,12 +50,6 @@ def _validate_sample(config: ml_collections.ConfigDict):
     f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.",
   )
   check(
-    config.sample.guidance_scale == 0
-    or (config.sample.cache == "none" and not 0 < config.diffusion.block_size < data.seq_len),
-    "sample.guidance_scale masks the prompt for its unconditional call, but block diffusion and "
-    "sample.cache read the prompt from cached keys and values: not supported together yet.",
-  )
-  check(
     config.sample.guidance_scale == 0 or config.sample.prompt,
     "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
     "masked.",

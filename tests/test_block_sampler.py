@@ -73,6 +73,36 @@ def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
     assert len({tuple(row) for row in np.asarray(cached)[:, 5:]}) > 1
 
 
+@pytest.mark.parametrize("method,kwargs", METHODS[:2], ids=[m for m, _ in METHODS[:2]])
+def test_guided_cached_tokens_equal_the_guided_reference(network, method, kwargs):
+  # The prompt (5 tokens) fills block 0 and reaches into block 1: the prompt-masked rows' own
+  # cache must hold block 0 computed with the prompt masked.
+  model, sharp = network
+  params = jax.tree.map(lambda p: p / 3.0, sharp)  # The init's: sharp logits hide guidance.
+  common = dict(
+    batch_size=8,
+    length=16,
+    block_size=BLOCK,
+    schedule=schedules.get_schedule("linear"),
+    mask_id=MASK_ID,
+    method=method,
+    prompt=jnp.asarray([1, 2, 3, 4, 5], jnp.int32),
+    guidance_scale=1.5,
+    **kwargs,
+  )
+  key = jax.random.PRNGKey(3)
+  reference, _ = block_sampler.sample_blocks(
+    key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
+  )
+  cached, info = block_sampler.sample_blocks_cached(key, model, params, context_length=16, **common)
+  np.testing.assert_array_equal(np.asarray(cached), np.asarray(reference))
+  assert info["cache_bytes"] == 2 * 2 * 16 * 12 * 32 * 4  # The prompt-masked rows' cache too.
+  unguided, _ = block_sampler.sample_blocks_cached(
+    key, model, params, context_length=16, **{**common, "guidance_scale": 0.0}
+  )
+  assert np.any(np.asarray(unguided) != np.asarray(cached))  # Guidance changed the draws.
+
+
 def test_past_the_context_the_cache_slides(network):
   model, params = network
   common = dict(

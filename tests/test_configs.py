@@ -200,10 +200,6 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
     (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
     (dict(sample__cache="triple"), r"sample.cache='triple' is unknown"),
-    (
-      dict(sample__guidance_scale=1.0, sample__prompt="1", diffusion__block_size=4),
-      r"sample.guidance_scale masks the prompt .* not supported together yet",
-    ),
     (dict(training__mask_rates="0.5,0.2"), r"training.mask_rates must be \"\" or \"β,ω\""),
     (dict(training__mask_rates="low"), r"training.mask_rates must be"),
     (
@@ -267,6 +263,15 @@ def test_every_likelihood_validates(likelihood, parsed):
   config.eval.likelihood = likelihood
   config_lib.validate_config(config, num_devices=1)
   assert config_lib.parse_likelihood(likelihood) == parsed
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [dict(diffusion__block_size=4), dict(sample__cache="prefix", sample__block_length=4)],
+  ids=["block_diffusion", "prefix_cache"],
+)
+def test_guidance_validates_with_blocks_and_caches(overrides):
+  _bad(sample__guidance_scale=1.5, sample__prompt="1", **overrides)()  # Raises if refused.
 
 
 def test_batch_not_divisible_by_devices():

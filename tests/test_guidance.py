@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import samplers
+from md4jax.sampling import block_sampler, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -20,7 +20,25 @@ def language():
   return groundtruth.MarkovLanguage(VOCAB, seed=3, concentration=0.3)
 
 
-def _responses(language, scale, prompt, method="first_hitting", num_steps=None, seed=0, n=4000):
+def _responses(
+  language, scale, prompt, method="first_hitting", num_steps=None, seed=0, n=4000, blocks=False
+):
+  """Guided draws given prompt's first PROMPT_LENGTH tokens; blocks: by block diffusion's
+  sampler, in blocks of PROMPT_LENGTH tokens (the prompt is the first block)."""
+  if blocks:
+    return block_sampler.sample_blocks(
+      jax.random.PRNGKey(seed),
+      language.denoise_fn(MASK_ID),
+      batch_size=n,
+      length=LENGTH,
+      block_size=PROMPT_LENGTH,
+      mask_id=MASK_ID,
+      schedule=schedules.get_schedule("linear"),
+      method=method,
+      num_steps=num_steps,
+      prompt=prompt[:PROMPT_LENGTH],
+      guidance_scale=scale,
+    )
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
   run = jax.jit(
     lambda key: samplers.sample(
@@ -68,18 +86,21 @@ def test_scale_zero_is_the_conditional_model_bit_for_bit(language):
   np.testing.assert_array_equal(plain, np.asarray(unguided))
 
 
-def test_guidance_sharpens_the_law_towards_the_prompt(language):
+@pytest.mark.parametrize("blocks", [False, True], ids=["sample", "block_diffusion"])
+def test_guidance_sharpens_the_law_towards_the_prompt(language, blocks):
   # Without guidance the exact sampler draws p(response | prompt): the mean pointwise mutual
   # information is its exact expectation. Guidance draws ∝ p(x | c)^(1+w) / p(x)^w per
-  # position, which raises it with w.
+  # position, which raises it with w. Block by block, the unconditional call masks the prompt
+  # in the earlier blocks it reads.
   prompt_token = int(np.argmax(language.initial))
   prompt = jnp.array([0, prompt_token] + [0] * (LENGTH - 2))
   row = language.transition[prompt_token]
   exact = float(np.sum(row * (np.log(row) - np.log(language.initial))))
   means = []
   for scale in (0.0, 1.0, 3.0):
-    tokens, info = _responses(language, scale, prompt)
-    assert int(info["nfe"]) <= LENGTH - PROMPT_LENGTH and not np.any(tokens == MASK_ID)
+    tokens, info = _responses(language, scale, prompt, blocks=blocks)
+    tokens = np.asarray(tokens)
+    assert int(info["nfe"]) <= LENGTH and not np.any(tokens == MASK_ID)
     assert np.all(tokens[:, :PROMPT_LENGTH] == [0, prompt_token])
     pmi = _pointwise_mutual_information(language, tokens)
     means.append((pmi.mean(), pmi.std(ddof=1) / np.sqrt(pmi.size)))
@@ -112,6 +133,28 @@ def test_guidance_works_with_every_sampler(language, method, num_steps):
   tokens = np.asarray(tokens)
   assert np.all(tokens[:, :2] == [2, 5]) and tokens.max() < VOCAB
   assert int(info["nfe"]) <= samplers.max_calls(method, LENGTH, num_steps)
+
+
+def test_one_block_of_block_diffusion_guides_as_sample_does(language):
+  prompt = jnp.array([3, 1] + [0] * (LENGTH - 2))
+  common = dict(batch_size=64, length=LENGTH, mask_id=MASK_ID, guidance_scale=2.0)
+  common.update(schedule=schedules.get_schedule("linear"), method="ancestral", num_steps=5)
+  blocks, _ = block_sampler.sample_blocks(
+    jax.random.PRNGKey(2),
+    language.denoise_fn(MASK_ID),
+    block_size=LENGTH,
+    prompt=prompt[:PROMPT_LENGTH],
+    **common,
+  )
+  given = jnp.arange(LENGTH) < PROMPT_LENGTH
+  whole, _ = samplers.sample(
+    jax.random.fold_in(jax.random.PRNGKey(2), 0),  # The key of block 0.
+    language.denoise_fn(MASK_ID),
+    prompt=jnp.where(given, prompt, MASK_ID),
+    prompt_mask=given,
+    **common,
+  )
+  np.testing.assert_array_equal(np.asarray(blocks), np.asarray(whole))
 
 
 def test_guidance_needs_a_prompt(language):

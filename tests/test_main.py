@@ -142,6 +142,19 @@ def test_train_eval_sample(tmp_path):
     assert len(sample["tokens"]) == 40 and sample["tokens"][:3] == [1, 2, 3]
     assert sample["text"].startswith("1 2 3 ") and sample["top_k"] == 3
     assert sample["nfe"] == 13 + 3 * 8  # 13 masks in the first window, then 3 blocks of 8.
+  # Classifier-free guidance through Fast-dLLM's dual cache, block by block.
+  run_cli(
+    tmp_path,
+    "--mode=sample",
+    "--config.sample.prompt=1 2 3",
+    "--config.sample.cache=dual",
+    "--config.sample.block_length=4",
+    "--config.sample.guidance_scale=1.0",
+  )
+  for sample in read_jsonl(tmp_path / "samples.jsonl"):
+    assert sample["tokens"][:3] == [1, 2, 3] and sample["guidance_scale"] == 1.0
+    # 4 blocks: 8 steps and a refresh each.
+    assert sample["cache"] == "dual" and sample["nfe"] == 4 * 8 + 4
   result = run_cli(tmp_path, "--mode=sample", "--config.sample.prompt=1 99", check=False)
   assert result.returncode != 0 and "Prompt ids must be in [0, 8)" in result.stderr
 

@@ -65,6 +65,19 @@ def test_stale_caches_still_sample_valid_tokens(network, cache):
   assert np.any(approximate != np.asarray(exact))  # Approximate: some token differs.
 
 
+def test_guided_caches_are_exact_where_they_cannot_be_stale(network):
+  # One block: nothing cached; one call a block: nothing stale yet. The prompt-masked rows
+  # keep their own cache, so the guided draws match the uncached guided ones exactly.
+  model, sharp = network
+  network = (model, jax.tree.map(lambda p: p / 3.0, sharp))  # Sharp logits hide guidance.
+  for block_size, num_steps in ((LENGTH, 4), (BLOCK, 1)):
+    none, _ = _sample(network, "none", block_size, num_steps=num_steps, guidance_scale=2.0)
+    dual, _ = _sample(network, "dual", block_size, num_steps=num_steps, guidance_scale=2.0)
+    np.testing.assert_array_equal(np.asarray(dual), np.asarray(none))
+  unguided, _ = _sample(network, "dual", BLOCK, num_steps=1)
+  assert np.any(np.asarray(unguided) != np.asarray(dual))  # Guidance changed the draws.
+
+
 def test_caching_refuses_networks_it_cannot_serve(network):
   model, params = network
   with pytest.raises(ValueError, match="time-free bidirectional"):

@@ -52,7 +52,9 @@ def _check(length: int, block_size: int, context_length: Optional[int]) -> int:
 
 
 @functools.lru_cache(maxsize=8)  # Bounded: each entry holds its denoiser.
-def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape, settings):
+def _compiled_window_loop(
+  denoise_fn, schedule, mask_id: int, method: str, guidance: float, shape, settings
+):
   """The reference's jitted loop fn(key, tokens, given) for one shape (batch_size, block_size,
   num_blocks, window)."""
   batch_size, block_size, num_blocks, window = shape
@@ -73,7 +75,15 @@ def _compiled_window_loop(denoise_fn, schedule, mask_id: int, method: str, shape
       offset = start - first
 
       def block_denoiser(z, alpha):
-        logits = denoise_fn(jax.lax.dynamic_update_slice_in_dim(shown, z, offset, axis=1), alpha)
+        window_z = jax.lax.dynamic_update_slice_in_dim(shown, z, offset, axis=1)
+        if guidance:  # The unconditional half masks every prompt position in the window.
+          prompt_in_window = jax.lax.dynamic_slice_in_dim(given, first, window)
+          both = denoise_fn(
+            *samplers.with_prompt_masked(window_z, alpha, prompt_in_window, mask_id)
+          )
+          logits = samplers.mix_guidance(both, guidance)
+        else:
+          logits = denoise_fn(window_z, alpha)
         return jax.lax.dynamic_slice_in_dim(logits, offset, block_size, axis=1)
 
       tokens, new, nfe, broken = sample_block(
@@ -127,13 +137,15 @@ def sample_blocks(
   context_length: Optional[int] = None,
   prompt: Optional[Array] = None,
   method: str = "ancestral",
+  guidance_scale: float = 0.0,
   **sample_kwargs,
 ):
   """Block after block, each block's calls running denoise_fn on a window of context_length
   tokens (None: the whole sample) that ends with the block: the clean prefix, the noisy block,
-  and any later positions masked. prompt: a prefix [P] or [B, P], clamped. sample_kwargs go to
-  `sample` for every block (num_steps, temperature, ...). One compiled loop, kept for the next
-  call with the same denoiser, shape and settings.
+  and any later positions masked. prompt: a prefix [P] or [B, P], clamped. guidance_scale: w of
+  classifier-free guidance, whose unconditional call masks the prompt wherever it is in the
+  window. sample_kwargs go to `sample` for every block (num_steps, temperature, ...). One
+  compiled loop, kept for the next call with the same denoiser, shape and settings.
 
   Returns (tokens [B, length] int32, info): info["nfe"] the denoiser calls, info["num_blocks"].
   """
@@ -142,31 +154,53 @@ def sample_blocks(
   tokens, given = prompt_arrays(prompt, batch_size, padded, mask_id)
   window = padded if context_length is None else min(context_length, padded)
   shape = (batch_size, block_size, num_blocks, window)
-  settings = (denoise_fn, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
+  guidance = checked_guidance(guidance_scale, prompt)
+  kwargs = tuple(sorted(sample_kwargs.items()))
+  settings = (denoise_fn, schedule, mask_id, method, guidance, shape, kwargs)
   tokens, nfe, broken = compiled(_compiled_window_loop, settings)(key, tokens, given)
   info = {"nfe": nfe, "num_blocks": num_blocks, "nonfinite_call": broken}
   samplers.check_logits(info, method)
   return tokens[:, :length], info
 
 
-def cache_bytes(model, batch_size: int, context_length: int, block_size: int) -> int:
-  """Bytes of `sample_blocks_cached`'s KV cache: keys and values of every layer."""
+def checked_guidance(guidance_scale, prompt) -> float:
+  """guidance_scale, checked as `sample` checks it."""
+  if not guidance_scale >= 0:
+    raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}.")
+  if guidance_scale and prompt is None:
+    raise ValueError(
+      "guidance_scale needs a prompt: guidance contrasts the prompt with the prompt masked."
+    )
+  return float(guidance_scale)
+
+
+def cache_bytes(
+  model, batch_size: int, context_length: int, block_size: int, guided: bool = False
+) -> int:
+  """Bytes of `sample_blocks_cached`'s KV cache: keys and values of every layer (twice over
+  under guidance: the prompt-masked rows have a cache of their own)."""
   head_dim = model.model_dim // model.num_heads
   slots = context_length - block_size
   itemsize = jnp.dtype(model.dtype).itemsize
-  return 2 * model.num_layers * batch_size * slots * model.num_heads * head_dim * itemsize
+  rows = 2 * batch_size if guided else batch_size
+  return 2 * model.num_layers * rows * slots * model.num_heads * head_dim * itemsize
 
 
 @functools.lru_cache(maxsize=8)  # Bounded: each entry holds a compiled loop.
-def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, settings: tuple):
+def _compiled_loop(
+  model, schedule, mask_id: int, method: str, guidance: float, shape: tuple, settings: tuple
+):
   """The cached sampler's jitted loop fn(key, params, tokens, given) for one shape
-  (batch_size, block_size, num_blocks, slots) and `sample`'s other settings."""
+  (batch_size, block_size, num_blocks, slots) and `sample`'s other settings. Under guidance
+  every call runs the doubled batch [rows; rows with the prompt masked], and the cache holds
+  both halves' keys and values: the prompt-masked rows' cache is the unconditional model's."""
   batch_size, block_size, num_blocks, slots = shape
+  rows = 2 * batch_size if guidance else batch_size
   ring = max(slots // block_size, 1)
   clean_alpha = jnp.ones((batch_size,), jnp.float32)  # A time-conditioned network: α = 1.
   cache_shape = (
     model.num_layers,
-    batch_size,
+    rows,
     slots,
     model.num_heads,
     model.model_dim // model.num_heads,
@@ -180,15 +214,23 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, shape: tuple, set
     def one_block(block, carry):
       tokens, cache, nfe, broken = carry
       start = block * block_size
-      positions = jnp.broadcast_to(start + jnp.arange(block_size), (batch_size, block_size))
+      positions = jnp.broadcast_to(start + jnp.arange(block_size), (rows, block_size))
+      prompt_in_block = jax.lax.dynamic_slice_in_dim(given, start, block_size)
 
       def call(z, alpha):
+        """(logits, keys and values) of z's block, both halves under guidance."""
+        if guidance:
+          z, alpha = samplers.with_prompt_masked(z, alpha, prompt_in_block, mask_id)
         return model.apply({"params": params}, z, alpha, positions=positions, cache=cache)
+
+      def block_denoiser(z, alpha):
+        logits = call(z, alpha)[0]
+        return samplers.mix_guidance(logits, guidance) if guidance else logits
 
       tokens, new, nfe, broken = sample_block(
         key,
         block,
-        lambda z, alpha: call(z, alpha)[0],
+        block_denoiser,
         tokens,
         given,
         nfe,
@@ -233,6 +275,7 @@ def sample_blocks_cached(
   mask_id: int,
   prompt: Optional[Array] = None,
   method: str = "ancestral",
+  guidance_scale: float = 0.0,
   **sample_kwargs,
 ):
   """`sample_blocks` for a block-causal Transformer (model.block_size == block_size), with
@@ -251,13 +294,15 @@ def sample_blocks_cached(
   tokens, given = prompt_arrays(prompt, batch_size, num_blocks * block_size, mask_id)
   slots = context_length - block_size  # Whole blocks: the ring never splits one.
   shape = (batch_size, block_size, num_blocks, slots)
-  settings = (model, schedule, mask_id, method, shape, tuple(sorted(sample_kwargs.items())))
+  guidance = checked_guidance(guidance_scale, prompt)
+  kwargs = tuple(sorted(sample_kwargs.items()))
+  settings = (model, schedule, mask_id, method, guidance, shape, kwargs)
   tokens, nfe, broken = compiled(_compiled_loop, settings)(key, params, tokens, given)
   info = {
     "nfe": nfe,
     "cache_writes": num_blocks if slots else 0,
     "num_blocks": num_blocks,
-    "cache_bytes": cache_bytes(model, batch_size, context_length, block_size),
+    "cache_bytes": cache_bytes(model, batch_size, context_length, block_size, bool(guidance)),
     "nonfinite_call": broken,
   }
   samplers.check_logits(info, method)

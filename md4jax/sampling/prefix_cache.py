@@ -26,13 +26,18 @@ CACHES = ("none", "prefix", "dual")
 
 
 @functools.lru_cache(maxsize=8)  # Bounded: each entry holds a compiled loop.
-def _compiled_loop(model, schedule, mask_id: int, method: str, cache: str, shape, settings):
+def _compiled_loop(
+  model, schedule, mask_id: int, method: str, cache: str, guidance: float, shape, settings
+):
+  """Under guidance every call, the refresh too, runs the doubled batch [rows; rows with the
+  prompt masked]: the prompt-masked rows keep a cache of their own."""
   batch_size, block_size, num_blocks = shape
+  rows = 2 * batch_size if guidance else batch_size
   length = block_size * num_blocks
-  everywhere = jnp.broadcast_to(jnp.arange(length), (batch_size, length))
+  everywhere = jnp.broadcast_to(jnp.arange(length), (rows, length))
   alpha_one = jnp.ones((batch_size,), jnp.float32)  # Unused by the time-free network.
   head_dim = model.model_dim // model.num_heads
-  empty_shape = (model.num_layers, batch_size, 0, model.num_heads, head_dim)
+  empty_shape = (model.num_layers, rows, 0, model.num_heads, head_dim)
 
   sampler = dict(
     batch_size=batch_size, schedule=schedule, mask_id=mask_id, method=method, **dict(settings)
@@ -43,12 +48,20 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, cache: str, shape
       tokens, nfe, broken = carry
       start = block * block_size
       inside = (jnp.arange(length) >= start) & (jnp.arange(length) < start + block_size)
-      positions = jnp.broadcast_to(start + jnp.arange(block_size), (batch_size, block_size))
+      positions = jnp.broadcast_to(start + jnp.arange(block_size), (rows, block_size))
+      prompt_in_block = jax.lax.dynamic_slice_in_dim(given, start, block_size)
+
+      def doubled(z, alpha, prompt):
+        return samplers.with_prompt_masked(z, alpha, prompt, mask_id) if guidance else (z, alpha)
+
+      def mixed(logits):
+        return samplers.mix_guidance(logits, guidance) if guidance else logits
+
       if cache == "none":
 
         def denoise_fn(z, alpha):
           full = jax.lax.dynamic_update_slice_in_dim(tokens, z, start, axis=1)
-          logits = model.apply({"params": params}, full, alpha)
+          logits = mixed(model.apply({"params": params}, *doubled(full, alpha, given)))
           return jax.lax.dynamic_slice_in_dim(logits, start, block_size, axis=1)
 
         refresh_calls = 0
@@ -58,13 +71,19 @@ def _compiled_loop(model, schedule, mask_id: int, method: str, cache: str, shape
         none_cached = jnp.zeros(empty_shape, model.dtype)
         empty = {"k": none_cached, "v": none_cached, "valid": jnp.zeros((0,), bool)}
         _, kv = model.apply(
-          {"params": params}, tokens, alpha_one, positions=everywhere, cache=empty
+          {"params": params},
+          *doubled(tokens, alpha_one, given),
+          positions=everywhere,
+          cache=empty,
         )
         valid = jnp.arange(length) < start if cache == "prefix" else ~inside
         cached = {"k": kv["k"], "v": kv["v"], "valid": valid}
 
         def denoise_fn(z, alpha):
-          return model.apply({"params": params}, z, alpha, positions=positions, cache=cached)[0]
+          z, alpha = doubled(z, alpha, prompt_in_block)
+          return mixed(
+            model.apply({"params": params}, z, alpha, positions=positions, cache=cached)[0]
+          )
 
         refresh_calls = 1
       tokens, _, nfe, broken = block_sampler.sample_block(
@@ -91,11 +110,14 @@ def sample_with_cache(
   mask_id: int,
   prompt: Optional[Array] = None,
   method: str = "ancestral",
+  guidance_scale: float = 0.0,
   **sample_kwargs,
 ):
   """Block-wise decoding of `length` tokens (a multiple of block_size, within the model's
   context) from a time-free bidirectional Transformer with `cache` (CACHES). prompt: a prefix
-  [P] or [B, P], clamped. sample_kwargs go to `sample` for every block.
+  [P] or [B, P], clamped. guidance_scale: w of classifier-free guidance (the unconditional
+  rows mask the prompt everywhere, and keep their own cache). sample_kwargs go to `sample` for
+  every block.
 
   Returns (tokens [B, length] int32, info): info["nfe"] every network call, the refresh calls
   included, and info["num_blocks"].
@@ -118,6 +140,7 @@ def sample_with_cache(
     mask_id,
     method,
     cache,
+    block_sampler.checked_guidance(guidance_scale, prompt),
     (batch_size, block_size, num_blocks),
     tuple(sorted(sample_kwargs.items())),
   )

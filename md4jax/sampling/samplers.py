@@ -207,20 +207,28 @@ _SAMPLERS = {
 assert set(_SAMPLERS) == set(METHODS)
 
 
+def with_prompt_masked(z, alpha, given, mask_id):
+  """Guidance's doubled batch: (z then z with the given positions masked, alpha twice) [2B]."""
+  batch_size = z.shape[0]
+  alpha = jnp.broadcast_to(alpha, (batch_size,))
+  return jnp.concatenate([z, jnp.where(given, mask_id, z)]), jnp.concatenate([alpha, alpha])
+
+
+def mix_guidance(both, scale):
+  """Classifier-free guidance from one call's logits on the doubled batch [conditional;
+  prompt masked]: (1 + w) log p(· | z) − w log p(· | z with the prompt masked). Entries the
+  conditional rules out stay out."""
+  cond, uncond = jnp.split(jax.nn.log_softmax(both.astype(jnp.float32), axis=-1), 2)
+  floor = jnp.finfo(jnp.float32).min / 4  # Keeps (1 + w) cond − w uncond finite.
+  mixed = (1.0 + scale) * cond - scale * jnp.maximum(uncond, floor)
+  return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
+
+
 def _guided(denoise_fn, given, mask_id, scale):
-  """Classifier-free guidance: (1 + w) log p(· | z) − w log p(· | z with the prompt masked),
-  both from one call on the doubled batch. Entries the conditional rules out stay out."""
+  """denoise_fn under classifier-free guidance: both logits from one call on the doubled batch."""
 
   def guided(z, alpha):
-    batch_size = z.shape[0]
-    both = denoise_fn(
-      jnp.concatenate([z, jnp.where(given, mask_id, z)]),
-      jnp.concatenate([jnp.broadcast_to(alpha, (batch_size,))] * 2),
-    )
-    cond, uncond = jnp.split(jax.nn.log_softmax(both.astype(jnp.float32), axis=-1), 2)
-    floor = jnp.finfo(jnp.float32).min / 4  # Keeps (1 + w) cond − w uncond finite.
-    mixed = (1.0 + scale) * cond - scale * jnp.maximum(uncond, floor)
-    return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
+    return mix_guidance(denoise_fn(*with_prompt_masked(z, alpha, given, mask_id)), scale)
 
   return guided
 
