@@ -188,6 +188,23 @@ def load_config(name: str) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """The config a workdir saved (its config.json) on top of base_config: a key an older version
+  did not write keeps its base value, which leaves that version's model and run unchanged."""
+  config = base_config()
+
+  def merge(node, values: dict, prefix: str):
+    for key, value in values.items():
+      check(key in node, f"{prefix}{key} (in a saved config) is not a key of this md4jax version.")
+      if isinstance(value, dict):
+        merge(node[key], value, f"{prefix}{key}.")
+      else:
+        node[key] = value
+
+  merge(config, saved, "")
+  return config
+
+
 # Keys that decide what a checkpoint holds (its params' shapes, its vocabulary, the data and
 # tokenizer its data state refers to): a resumed run may not change them. Every other key
 # (steps, logging, evaluation, sampling, batch size, optimizer, training, mesh, model.dtype,

@@ -131,6 +131,11 @@ def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> Tr
   params_rng, step_rng = jax.random.split(rng)
   tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
   params = model.init(params_rng, tokens, jnp.ones((1,)))["params"]
+  return _fresh_state(config, params, optimizer, step_rng)
+
+
+def _fresh_state(config: ml_collections.ConfigDict, params, optimizer, step_rng) -> TrainState:
+  """Step 0 of a run from the network's `params` (a learned schedule's θ at its start added)."""
   if objective.is_learned(config):
     params = {**params, objective.SCHEDULE_PARAMS: objective.initial_schedule_params(config)}
   return TrainState(
@@ -140,6 +145,13 @@ def _boxed_state(config: ml_collections.ConfigDict, model, optimizer, rng) -> Tr
     ema_params=jax.tree.map(jnp.copy, params),
     rng=step_rng,
   )
+
+
+def state_from_params(config: ml_collections.ConfigDict, optimizer, params) -> TrainState:
+  """The step-0 state of a run that starts from given network params (converted weights): what
+  init_state gives, with `params` in place of the random init (and as the EMA)."""
+  _, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  return _fresh_state(config, params, optimizer, step_rng)
 
 
 def abstract_state(config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh) -> TrainState:

@@ -1,0 +1,244 @@
+r"""Converts Hugging Face Llama and Qwen2 models into md4jax workdirs, and md4jax models back.
+
+  python -m md4jax.convert --in=HF_FOLDER --out=/tmp/qwen [--model_type=ar|mdm] \
+      [--config=configs/localtext.py --config.data.path=corpus.txt ...]
+  python -m md4jax.main --config=configs/workdir.py:/tmp/qwen --workdir=/tmp/qwen --mode=sample
+  python -m md4jax.convert --direction=export --in=/tmp/qwen --out=/tmp/qwen_hf
+
+Import reads HF_FOLDER's config.json and *.safetensors (and tokenizer.json, copied into the
+workdir with data.tokenizer = "bpe") and writes the workdir a run of md4jax.main continues: its
+config.json and a step-0 checkpoint (the converted weights as params and EMA, a fresh optimizer
+state). Every key the model does not fix comes from --config (base_config without one). Export
+writes the EMA params (--params=raw: the raw ones) of a workdir's newest checkpoint as
+config.json and model.safetensors. What maps to what, the mask row and the limits:
+docs/convert.md.
+"""
+
+import json
+import shutil
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from jax.sharding import Mesh
+from ml_collections import config_flags
+
+from md4jax import config_lib
+from md4jax.data import tokenizer as tokenizer_lib
+from md4jax.model import hf_folder, hf_params
+from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
+from md4jax.training import checkpoint, objective
+from md4jax.training import state as state_lib
+
+_IN = flags.DEFINE_string("in", None, "import: a Hugging Face model folder; export: a workdir.")
+_OUT = flags.DEFINE_string("out", None, "import: the new workdir; export: the folder to write.")
+_DIRECTION = flags.DEFINE_enum(
+  "direction", "import", ["import", "export"], "import (Hugging Face -> md4jax) or export."
+)
+_MODEL_TYPE = flags.DEFINE_enum(
+  "model_type",
+  "ar",
+  ["ar", "mdm"],
+  "import: model.type of the workdir, 'ar' (causal, as pretrained) or 'mdm' (bidirectional).",
+)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "import: a config file whose other keys the workdir takes.", lock_config=True
+)
+_VOCAB_SIZE = flags.DEFINE_integer(
+  "vocab_size",
+  0,
+  "import: keep only the first vocab_size token rows (a vocabulary padded past its tokenizer's "
+  "size, as Qwen2's); 0 keeps them all.",
+)
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  None,
+  list(hf_folder.DTYPES),
+  "export: the weights' dtype; default the imported model's, else float32.",
+)
+_PARAMS = flags.DEFINE_enum("params", "ema", ["ema", "raw"], "export: the EMA or the raw params.")
+
+USER_ERRORS = (
+  ValueError,
+  FileNotFoundError,
+  workdir_lib.WorkdirError,
+  checkpoint.CheckpointError,
+)
+# The state of every training iterator before its first batch (sources.BatchIterator's,
+# pipeline.TrainIterator's): the converted run reads its data from the start.
+_FRESH_DATA_STATE = {"next_batch_index": 0}
+# The original config.json beside a converted workdir's: export keeps its other fields.
+HF_CONFIG_FILE = "hf_config.json"
+
+
+def converted_config(
+  base: ml_collections.ConfigDict, options: dict, model_type: str, vocab_size: int = 0
+) -> ml_collections.ConfigDict:
+  """`base` with the model keys (and data.vocab_size) of a converted model of `options`."""
+  config = base.copy_and_resolve_references()
+  model = config.model
+  model.type, model.preset, model.time_conditioning = model_type, "none", "none"
+  model.norm, model.mlp, model.embed_dim, model.biases = "rms", "swiglu", 0, False
+  for key, value in options.items():
+    if key != "vocab_size":
+      model[key] = value
+  config.data.vocab_size = vocab_size or options["vocab_size"]
+  return config
+
+
+def _cpu():
+  """The host's first CPU device: whole models are converted in host memory."""
+  return jax.local_devices(backend="cpu")[0]
+
+
+def _check_fits(config: ml_collections.ConfigDict, params: dict):
+  """Raises ValueError unless params have exactly the model's param names and shapes."""
+  model = state_lib.build_model(config)
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, jnp.ones((1,)))["params"]
+  expected = jax.tree_util.tree_flatten_with_path(
+    jax.tree.map(lambda a: a.shape, nn.meta.unbox(boxed))
+  )[0]
+  got = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.shape, params))[0]
+  if dict(expected) != dict(got):
+    expected, got = dict(expected), dict(got)
+    wrong = [jax.tree_util.keystr(k) for k in set(expected) ^ set(got)]
+    wrong += [jax.tree_util.keystr(k) for k in set(expected) & set(got) if expected[k] != got[k]]
+    raise ValueError(f"The converted params do not fit the model at {sorted(wrong)[:5]}.")
+
+
+def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: int = 0):
+  """Writes the md4jax workdir of the Hugging Face folder `source`; returns its config."""
+  hf = hf_folder.read_config(source)
+  options = hf_params.model_options(hf)
+  workdir = workdir_lib.as_workdir(workdir)
+  if workdir.checkpoints.is_dir() and any(workdir.checkpoints.iterdir()):
+    raise ValueError(f"{workdir.checkpoints} already holds checkpoints: convert into a new --out.")
+  config = converted_config(config or config_lib.base_config(), options, model_type, vocab_size)
+  hf_tokenizer = workdir_lib.Workdir(source).tokenizer
+  if hf_tokenizer.is_file():
+    config.data.tokenizer = "bpe"
+    config.data.tokenizer_path = str(workdir.tokenizer.absolute())
+    size = tokenizer_lib.load(hf_tokenizer).vocab_size
+    if config.data.dataset != "markov" and size != config.data.vocab_size:
+      raise ValueError(
+        f"{hf_tokenizer} has {size} ids but the model {config.data.vocab_size} token rows; text "
+        f"data needs them equal (the mask id is one past the last): pass --vocab_size={size} "
+        "if the rows past it are padding."
+      )
+  config_lib.validate_config(config, jax.device_count(), jax.devices()[0].platform)
+  params = hf_params.to_md4jax(
+    hf_folder.read_weights(source), options, config.model.scan_layers, vocab_size
+  )
+  _check_fits(config, params)
+  with workdir_lib.Lock(workdir, "convert"):
+    if hf_tokenizer.is_file():
+      shutil.copyfile(hf_tokenizer, workdir.tokenizer)
+    with jax.default_device(_cpu()):
+      state = state_lib.state_from_params(
+        config, state_lib.make_optimizer(config), jax.tree.map(jnp.asarray, params)
+      )
+      manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
+      checkpoint.save(manager, 0, state, _FRESH_DATA_STATE, config)
+      checkpoint.wait(manager)
+    workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
+    (workdir.root / HF_CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+  return config
+
+
+def md4jax_options(config: ml_collections.ConfigDict) -> dict:
+  """hf_params' model options of a workdir's config; ValueError naming a key no Hugging Face
+  Llama or Qwen2 has an equivalent of."""
+  model = config.model
+  for key, wanted in (
+    ("norm", "rms"),
+    ("mlp", "swiglu"),
+    ("time_conditioning", "none"),
+    ("embed_dim", 0),
+  ):
+    if model[key] != wanted:
+      raise ValueError(
+        f"model.{key}={model[key]!r}: Llama and Qwen2 have no equivalent; export needs {wanted!r}."
+      )
+  keys = ("num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_dim", "norm_eps")
+  keys += ("rope_base", "qkv_bias", "tie_embeddings")
+  return {**{key: model[key] for key in keys}, "vocab_size": config.data.vocab_size}
+
+
+def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> dict:
+  """Writes the Hugging Face folder `out` of the workdir's newest checkpoint; returns its
+  config.json."""
+  workdir = workdir_lib.as_workdir(workdir)
+  if not workdir.config_json.is_file():
+    raise FileNotFoundError(
+      f"No config.json in {workdir}: give a workdir md4jax trained or converted."
+    )
+  config = config_lib.from_saved(json.loads(workdir.config_json.read_text(encoding="utf-8")))
+  options = md4jax_options(config)
+  hf_config_path = workdir.root / HF_CONFIG_FILE
+  base = json.loads(hf_config_path.read_text()) if hf_config_path.is_file() else None
+  if dtype_name is None:
+    saved = [base[k] for k in ("dtype", "torch_dtype") if base and base.get(k) in hf_folder.DTYPES]
+    dtype_name = saved[0] if saved else "float32"
+  if not workdir.checkpoints.is_dir():
+    raise FileNotFoundError(f"No checkpoints in {workdir}.")
+  mesh = Mesh(np.asarray([_cpu()]).reshape(1, 1, 1), sharding.MESH_AXES)
+  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
+  manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
+  restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
+  if restored is None:
+    raise FileNotFoundError(f"No checkpoint in {workdir.checkpoints}.")
+  params = restored.state.ema_params if which == "ema" else restored.state.params
+  params = jax.device_get(objective.network_params(params))
+  tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name])
+  hf = hf_params.hf_config(options, dtype_name, config.data.seq_len, base)
+  hf_folder.write_safetensors(
+    workdir_lib.Workdir(out).root / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"}
+  )
+  hf_folder.write_config(out, hf)
+  # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
+  if workdir.tokenizer.is_file() and tokenizer_lib.load(workdir.tokenizer).kind == "bpe":
+    shutil.copyfile(workdir.tokenizer, workdir_lib.Workdir(out).tokenizer)
+  log(
+    f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {restored.step}'s {which} params."
+  )
+  if config.model.type == "mdm":
+    log(
+      "Note: a model.type='mdm' model is a bidirectional denoiser without its mask row; "
+      "transformers runs these weights as a causal LM."
+    )
+  return hf
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  if _IN.value is None or _OUT.value is None:
+    raise app.UsageError("--in and --out are required.")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
+  try:
+    if _DIRECTION.value == "import":
+      config = import_hf(_IN.value, _OUT.value, _CONFIG.value, _MODEL_TYPE.value, _VOCAB_SIZE.value)
+      print(
+        f"Wrote {_OUT.value}: a model.type={config.model.type!r} model of "
+        f"{config.model.num_layers} layers, vocab_size {config.data.vocab_size}. Continue it with\n"
+        f"  python -m md4jax.main --config=configs/workdir.py:{_OUT.value} --workdir={_OUT.value}"
+        " --mode=train|eval|sample"
+      )
+    else:
+      export_hf(_IN.value, _OUT.value, _DTYPE.value, _PARAMS.value)
+  except USER_ERRORS as e:
+    if flags.FLAGS["verbosity"].present:
+      raise
+    print(f"md4jax.convert: error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

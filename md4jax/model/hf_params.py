@@ -1,0 +1,291 @@
+"""Hugging Face Llama and Qwen2 weights <-> md4jax `Transformer` params, and their configs.
+
+Both architectures are md4jax's network in causal mode: pre-norm blocks of RMSNorm
+(x / √(mean x² + eps) · weight, Flax's RMSNorm scale), grouped-query attention with RoPE,
+and a SwiGLU MLP (down(silu(gate x) · up x)). `model_options` reads config.json into md4jax's
+model keys; `to_md4jax` and `from_md4jax` move the tensors (torch's Linear weights are
+[out, in], md4jax's kernels [in, out] with the heads split out):
+
+  model.embed_tokens.weight [V, D]            -> embed/embedding [V + 1, D] (the mask row added)
+  lm_head.weight [V, D] (untied only)         -> logits/kernel [D, V]
+  model.norm.weight                           -> final_norm/scale
+  layers.i.input_layernorm.weight             -> block_i/attn_norm/scale
+  layers.i.post_attention_layernorm.weight    -> block_i/mlp_norm/scale
+  layers.i.self_attn.{q,k,v}_proj.{weight,bias} -> block_i/attn/qkv [D, 3, H, Dh] (and [3, H, Dh]),
+                                                 or, with fewer key/value heads, attn/q
+                                                 [D, H, Dh] and attn/kv [D, 2, Hkv, Dh]
+  layers.i.self_attn.o_proj.weight            -> block_i/attn/out/kernel [H, Dh, D]
+  layers.i.mlp.{gate,up,down}_proj.weight     -> block_i/mlp/{gate,up,down}/kernel
+
+RoPE needs no permutation: Hugging Face's rotate_half pairs x[i] with x[i + Dh/2] at frequency
+θ^(-2i/Dh), as md4jax's half-split RoPE does. The attention scale is 1/√Dh in both.
+
+The mask row (md4jax's input id V) is the mean of the V token rows: an input at the centre of
+the pretrained embeddings, which the first RMSNorm scales like any token's, so a pretrained
+network reads it as a plausible but uninformative token until fine-tuning shapes it. With tied
+embeddings the logits read the first V rows only, so it never changes a prediction. Exporting
+drops it.
+"""
+
+import jax
+import numpy as np
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Fields Hugging Face fills in when config.json leaves them out (its configs' defaults).
+_HF_DEFAULTS = {
+  "hidden_act": "silu",
+  "rms_norm_eps": 1e-6,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": False,
+  "attention_bias": False,
+  "mlp_bias": False,
+  "use_sliding_window": False,
+}
+_REQUIRED = (
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "vocab_size",
+)
+# Tensors some checkpoints carry that hold no weight (RoPE's frequencies, recomputed here).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _field(hf: dict, name: str):
+  """config.json's value of `name`, or Hugging Face's default when the file leaves it out."""
+  return hf[name] if name in hf else _HF_DEFAULTS[name]
+
+
+def _rope_theta(hf: dict) -> float:
+  """θ of plain RoPE, from transformers 5's rope_parameters or 4's rope_theta / rope_scaling.
+
+  (hf.get: Hugging Face writes an absent and a null field alike, e.g. "rope_scaling": null.)
+  """
+  rope = hf["rope_parameters"] if hf.get("rope_parameters") else {}
+  scaling = hf["rope_scaling"] if hf.get("rope_scaling") else {}
+  for spec in (rope, scaling):
+    kind = spec["rope_type"] if "rope_type" in spec else spec["type"] if "type" in spec else None
+    if kind not in (None, "default"):
+      raise ValueError(
+        f"config.json: RoPE type {kind!r} is not supported; md4jax's RoPE is the plain one "
+        "(rope_type 'default')."
+      )
+  return float(rope["rope_theta"] if "rope_theta" in rope else _field(hf, "rope_theta"))
+
+
+def model_options(hf: dict) -> dict:
+  """md4jax's model keys (and data.vocab_size as "vocab_size") for a Hugging Face config.json.
+
+  Raises ValueError naming the field for an architecture or option md4jax's network lacks.
+  """
+  model_type = hf["model_type"] if "model_type" in hf else None
+  if model_type not in ARCHITECTURES:
+    raise ValueError(
+      f"config.json: model_type {model_type!r} is not supported; md4jax converts "
+      f"{', '.join(ARCHITECTURES)}."
+    )
+  missing = [name for name in _REQUIRED if name not in hf]
+  if missing:
+    raise ValueError(f"config.json ({model_type}) has no {', '.join(missing)}.")
+  width, heads = hf["hidden_size"], hf["num_attention_heads"]
+  kv_heads = hf["num_key_value_heads"] if hf.get("num_key_value_heads") else heads
+  head_dim = hf["head_dim"] if hf.get("head_dim") else width // heads
+  unsupported = {
+    "hidden_act": _field(hf, "hidden_act") != "silu",
+    "head_dim": head_dim * heads != width,
+    "num_key_value_heads": heads % kv_heads != 0,
+    "attention_bias": model_type == "llama" and _field(hf, "attention_bias"),
+    "mlp_bias": _field(hf, "mlp_bias"),
+    "use_sliding_window": _field(hf, "use_sliding_window"),
+  }
+  for name, bad in unsupported.items():
+    if bad:
+      raise ValueError(
+        f"config.json: {name}={hf[name]!r} is not supported (md4jax's network: a silu MLP "
+        "without biases, head_dim = hidden_size / num_attention_heads dividing into key/value "
+        "groups, q/k/v biases only as Qwen2's, full attention)."
+      )
+  return {
+    "num_layers": hf["num_hidden_layers"],
+    "model_dim": width,
+    "num_heads": heads,
+    "num_kv_heads": 0 if kv_heads == heads else kv_heads,
+    "mlp_dim": hf["intermediate_size"],
+    "norm_eps": float(_field(hf, "rms_norm_eps")),
+    "rope_base": _rope_theta(hf),
+    "qkv_bias": model_type == "qwen2",
+    "tie_embeddings": bool(_field(hf, "tie_word_embeddings")),
+    "vocab_size": hf["vocab_size"],
+  }
+
+
+def _dims(options: dict) -> tuple:
+  """(D, H, Hkv, Dh) of md4jax model options."""
+  heads = options["num_heads"]
+  return (
+    options["model_dim"],
+    heads,
+    options["num_kv_heads"] or heads,
+    options["model_dim"] // heads,
+  )
+
+
+def _layers(params: dict, num_layers: int) -> list:
+  """Each block's params, whether the blocks are separate or stacked (model.scan_layers)."""
+  if "blocks" in params:
+    stacked = params["blocks"]["block"]
+    return [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(num_layers)]
+  return [params[f"block_{i}"] for i in range(num_layers)]
+
+
+def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_size: int = 0) -> dict:
+  """md4jax params (float32 numpy) from Hugging Face tensors (numpy, any float dtype) named as in
+  its safetensors files; vocab_size > 0 keeps only the first vocab_size token rows (a padded
+  vocabulary cut to its tokenizer's). Raises ValueError naming a missing, extra or misshapen one."""
+  tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+  width, heads, kv_heads, head_dim = _dims(options)
+  full_vocab = options["vocab_size"]
+  vocab = vocab_size or full_vocab
+  if vocab > full_vocab:
+    raise ValueError(f"vocab_size {vocab} is larger than the model's {full_vocab} token rows.")
+
+  def take(name: str, shape: tuple) -> np.ndarray:
+    if name not in tensors:
+      raise ValueError(f"The safetensors files have no tensor {name!r}.")
+    value = tensors.pop(name)
+    if tuple(value.shape) != shape:
+      raise ValueError(
+        f"Tensor {name!r} has shape {list(value.shape)}, but config.json implies {list(shape)}."
+      )
+    return np.asarray(value, np.float32)
+
+  embedding = take("model.embed_tokens.weight", (full_vocab, width))[:vocab]
+  mask_row = embedding.mean(axis=0, dtype=np.float64, keepdims=True).astype(np.float32)
+  params = {
+    "embed": {"embedding": np.concatenate([embedding, mask_row])},
+    "final_norm": {"scale": take("model.norm.weight", (width,))},
+  }
+  if "lm_head.weight" in tensors or not options["tie_embeddings"]:
+    head = take("lm_head.weight", (full_vocab, width))[:vocab]
+    if not options["tie_embeddings"]:
+      params["logits"] = {"kernel": np.ascontiguousarray(head.T)}
+    elif not np.array_equal(head, embedding):
+      raise ValueError(
+        "tie_word_embeddings is true, but lm_head.weight differs from the embedding."
+      )
+  blocks = []
+  for i in range(options["num_layers"]):
+    prefix = f"model.layers.{i}."
+    attn = lambda name, rows, prefix=prefix: take(f"{prefix}self_attn.{name}", rows)
+    heads_of = lambda w, n: w.T.reshape(width, n, head_dim)
+    q = heads_of(attn("q_proj.weight", (heads * head_dim, width)), heads)
+    k, v = (
+      heads_of(attn(f"{p}_proj.weight", (kv_heads * head_dim, width)), kv_heads) for p in "kv"
+    )
+    if options["qkv_bias"]:
+      q_bias = attn("q_proj.bias", (heads * head_dim,)).reshape(heads, head_dim)
+      k_bias, v_bias = (attn(f"{p}_proj.bias", (kv_heads * head_dim,)) for p in "kv")
+      kv_bias = np.stack([k_bias, v_bias]).reshape(2, kv_heads, head_dim)
+    if kv_heads == heads:
+      block_attn = {"qkv": {"kernel": np.stack([q, k, v], axis=1)}}
+      if options["qkv_bias"]:
+        block_attn["qkv"]["bias"] = np.concatenate([q_bias[None], kv_bias])
+    else:
+      block_attn = {"q": {"kernel": q}, "kv": {"kernel": np.stack([k, v], axis=1)}}
+      if options["qkv_bias"]:
+        block_attn["q"]["bias"], block_attn["kv"]["bias"] = q_bias, kv_bias
+    out = attn("o_proj.weight", (width, heads * head_dim)).T.reshape(heads, head_dim, width)
+    block_attn["out"] = {"kernel": np.ascontiguousarray(out)}
+    mlp_dim = options["mlp_dim"]
+    mlp = lambda name, shape, prefix=prefix: take(f"{prefix}mlp.{name}_proj.weight", shape).T
+    blocks.append(
+      {
+        "attn": jax.tree.map(np.ascontiguousarray, block_attn),
+        "attn_norm": {"scale": take(f"{prefix}input_layernorm.weight", (width,))},
+        "mlp_norm": {"scale": take(f"{prefix}post_attention_layernorm.weight", (width,))},
+        "mlp": {
+          name: {"kernel": np.ascontiguousarray(mlp(name, shape))}
+          for name, shape in (
+            ("gate", (mlp_dim, width)),
+            ("up", (mlp_dim, width)),
+            ("down", (width, mlp_dim)),
+          )
+        },
+      }
+    )
+  if tensors:
+    raise ValueError(f"Unexpected tensors in the safetensors files: {sorted(tensors)[:5]}.")
+  if scan_layers:
+    params["blocks"] = {"block": jax.tree.map(lambda *layers: np.stack(layers), *blocks)}
+  else:
+    params.update({f"block_{i}": block for i, block in enumerate(blocks)})
+  return params
+
+
+def from_md4jax(params: dict, options: dict, dtype) -> dict:
+  """Hugging Face tensors {name: numpy array of `dtype`} from md4jax params (numpy), the mask row
+  dropped; no lm_head.weight with tied embeddings (as save_pretrained writes them)."""
+  params = jax.tree.map(np.asarray, params)
+  width, heads, kv_heads, _ = _dims(options)
+  flat = lambda kernel: np.ascontiguousarray(kernel.reshape(width, -1).T)
+  embedding = params["embed"]["embedding"]
+  tensors = {
+    "model.embed_tokens.weight": embedding[: embedding.shape[0] - 1],
+    "model.norm.weight": params["final_norm"]["scale"],
+  }
+  if not options["tie_embeddings"]:
+    tensors["lm_head.weight"] = params["logits"]["kernel"].T
+  for i, block in enumerate(_layers(params, options["num_layers"])):
+    prefix = f"model.layers.{i}."
+    attn = block["attn"]
+    if kv_heads == heads:
+      kernels = [attn["qkv"]["kernel"][:, j] for j in range(3)]
+      biases = list(attn["qkv"]["bias"]) if options["qkv_bias"] else None
+    else:
+      kernels = [attn["q"]["kernel"], attn["kv"]["kernel"][:, 0], attn["kv"]["kernel"][:, 1]]
+      biases = [attn["q"]["bias"], *attn["kv"]["bias"]] if options["qkv_bias"] else None
+    for j, name in enumerate("qkv"):
+      tensors[f"{prefix}self_attn.{name}_proj.weight"] = flat(kernels[j])
+      if biases is not None:
+        tensors[f"{prefix}self_attn.{name}_proj.bias"] = biases[j].reshape(-1)
+    tensors[f"{prefix}self_attn.o_proj.weight"] = attn["out"]["kernel"].reshape(-1, width).T
+    tensors[f"{prefix}input_layernorm.weight"] = block["attn_norm"]["scale"]
+    tensors[f"{prefix}post_attention_layernorm.weight"] = block["mlp_norm"]["scale"]
+    for name in ("gate", "up", "down"):
+      tensors[f"{prefix}mlp.{name}_proj.weight"] = block["mlp"][name]["kernel"].T
+  return {name: np.ascontiguousarray(value).astype(dtype) for name, value in tensors.items()}
+
+
+def hf_config(options: dict, dtype_name: str, max_positions: int, base: dict = None) -> dict:
+  """A Hugging Face config.json for md4jax model options: `base` (the config.json a workdir was
+  converted from) with its architecture fields set, or a fresh one (Qwen2 when the model has q/k/v
+  biases, else Llama) whose context is max_positions."""
+  config = dict(base) if base else {"max_position_embeddings": max_positions}
+  model_type = config["model_type"] if base else "qwen2" if options["qkv_bias"] else "llama"
+  if options["qkv_bias"] != (model_type == "qwen2"):
+    raise ValueError(
+      f"A {model_type} model {'has no' if options['qkv_bias'] else 'has'} q/k/v biases: this "
+      f"one has model.qkv_bias={options['qkv_bias']}."
+    )
+  heads = options["num_heads"]
+  config.update(
+    architectures=[ARCHITECTURES[model_type]],
+    model_type=model_type,
+    hidden_size=options["model_dim"],
+    intermediate_size=options["mlp_dim"],
+    num_hidden_layers=options["num_layers"],
+    num_attention_heads=heads,
+    num_key_value_heads=options["num_kv_heads"] or heads,
+    head_dim=options["model_dim"] // heads,
+    vocab_size=options["vocab_size"],
+    rms_norm_eps=options["norm_eps"],
+    tie_word_embeddings=options["tie_embeddings"],
+    hidden_act="silu",
+  )
+  if config.get("rope_parameters"):  # transformers 5's form; 4's reads rope_theta.
+    config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": options["rope_base"]}
+  else:
+    config.update(rope_theta=options["rope_base"], rope_scaling=None)
+  config["dtype" if "dtype" in config else "torch_dtype"] = dtype_name
+  return config
