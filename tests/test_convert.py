@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from md4jax import config_lib, convert
 from md4jax.model import hf_folder, hf_params
+from md4jax.model.transformer import Transformer
 from md4jax.runtime import sharding
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
@@ -166,6 +167,39 @@ def test_tied_embeddings_need_the_full_width():
   config.model.tie_embeddings, config.model.embed_dim = True, 16
   with pytest.raises(ValueError, match="model.tie_embeddings .* set model.embed_dim=0"):
     config_lib.validate_config(config, num_devices=1)
+
+
+@pytest.mark.parametrize("num_kv_heads", [0, 1])
+def test_grouped_heads_serve_the_block_samplers_cache(num_kv_heads):
+  """With fewer key/value heads the cache still holds [.., H, Dh] (the repeated heads): two cached
+  block calls give the logits of block diffusion's one pass."""
+  model = Transformer(
+    vocab_size=11,
+    num_layers=2,
+    model_dim=32,
+    num_heads=2,
+    mlp_dim=48,
+    num_kv_heads=num_kv_heads,
+    qkv_bias=True,
+    tie_embeddings=True,
+    block_size=4,
+    weight_init="fan_in",
+  )
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 8), 0, 12)
+  params = model.init(jax.random.PRNGKey(1), tokens)["params"]
+  params = jax.tree.map(lambda p: p + 0.1, params)  # Nonzero biases.
+  whole = model.apply({"params": params}, tokens)
+  empty = jnp.zeros((2, 3, 0, 2, 16))
+  cache = {"k": empty, "v": empty, "valid": jnp.zeros((0,), bool)}
+  positions = jnp.broadcast_to(jnp.arange(8), (3, 8))
+  first, kv = model.apply(
+    {"params": params}, tokens[:, :4], positions=positions[:, :4], cache=cache
+  )
+  cache = {**kv, "valid": jnp.ones((4,), bool)}
+  second, _ = model.apply(
+    {"params": params}, tokens[:, 4:], positions=positions[:, 4:], cache=cache
+  )
+  np.testing.assert_allclose(jnp.concatenate([first, second], 1), whole, rtol=1e-5, atol=1e-5)
 
 
 def test_cli_converts_then_trains_and_samples_text(tmp_path):
