@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from md4jax.diffusion import masking
 from md4jax.diffusion.masking import Array, DenoiseFn
 
-__all__ = ["iw_orders_nll", "order_nll", "random_orders"]
+__all__ = ["iw_orders_nll", "order_nll", "random_orders", "random_orders_nlls"]
 
 
 def order_nll(
@@ -80,10 +80,36 @@ def order_nll(
   return jax.lax.fori_loop(0, jnp.max(n_editable), step, jnp.zeros(x.shape[:1], jnp.float32))
 
 
-def random_orders(key: Array, batch: int, length: int) -> Array:
-  """[batch, length] int32: a uniform random permutation per row, row b from fold_in(key, b)."""
-  keys = masking.row_keys(key, batch)
+def random_orders(key: Array, batch: int, length: int, row_index: Optional[Array] = None) -> Array:
+  """[batch, length] int32: a uniform random permutation per row, row b from
+  fold_in(key, row_index[b]) (default b), so a row's order does not depend on its batch."""
+  keys = masking.row_keys(key, batch, row_index)
   return jax.vmap(lambda k: jax.random.permutation(k, length))(keys).astype(jnp.int32)
+
+
+def random_orders_nlls(
+  key: Array,
+  denoise_fn: DenoiseFn,
+  x: Array,
+  num_orders: int,
+  *,
+  mask_id: int,
+  editable: Optional[Array] = None,
+  row_index: Optional[Array] = None,
+) -> Array:
+  """−log p_{π_k}(x) [K, B] over K = num_orders random orders per row, one order at a time.
+
+  Order k of row b comes from random_orders(fold_in(key, k), row_index=row_index), so it
+  depends on k and row_index[b] (default b) only.
+  """
+  if isinstance(num_orders, bool) or not isinstance(num_orders, int) or num_orders < 1:
+    raise ValueError(f"num_orders must be an integer >= 1, got {num_orders!r}.")
+
+  def nll_of(k):
+    orders = random_orders(jax.random.fold_in(key, k), *x.shape, row_index)
+    return order_nll(denoise_fn, x, orders, mask_id=mask_id, editable=editable)
+
+  return jax.lax.map(nll_of, jnp.arange(num_orders))
 
 
 def iw_orders_nll(
@@ -94,19 +120,15 @@ def iw_orders_nll(
   *,
   mask_id: int,
   editable: Optional[Array] = None,
+  row_index: Optional[Array] = None,
 ) -> Array:
   """−log((1/K) Σ_k p_{π_k}(x)) over K = num_orders random orders per row, in nats [B].
 
   An upper bound on the model's −log p(x) in expectation, at most the NELBO's (a time-free
-  denoiser) and non-increasing in K; K = 1 has the NELBO's mean. Order k of row b
-  comes from random_orders(fold_in(key, k)), so it depends on k and b only.
+  denoiser) and non-increasing in K; K = 1 has the NELBO's mean. The orders are
+  `random_orders_nlls`'s.
   """
-  if isinstance(num_orders, bool) or not isinstance(num_orders, int) or num_orders < 1:
-    raise ValueError(f"num_orders must be an integer >= 1, got {num_orders!r}.")
-
-  def nll_of(k):
-    orders = random_orders(jax.random.fold_in(key, k), *x.shape)
-    return order_nll(denoise_fn, x, orders, mask_id=mask_id, editable=editable)
-
-  nlls = jax.lax.map(nll_of, jnp.arange(num_orders))  # [K, B], one order at a time.
+  nlls = random_orders_nlls(
+    key, denoise_fn, x, num_orders, mask_id=mask_id, editable=editable, row_index=row_index
+  )
   return math.log(num_orders) - jax.nn.logsumexp(-nlls, axis=0)

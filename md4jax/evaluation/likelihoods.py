@@ -26,18 +26,20 @@ def enabled(config: ml_collections.ConfigDict) -> bool:
   )
 
 
-def nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
-  """−log p of each row's editable tokens over the orders of config.eval.likelihood, nats [B]."""
-  kind, num_orders = config_lib.parse_likelihood(config.eval.likelihood)
+def order_denoiser(params, batch: dict, *, model, config: ml_collections.ConfigDict):
+  """denoise_fn(z, alpha) of the batch's rows as `orders` calls it: α the share shown."""
   network = objective.denoiser(model, params, batch)
   # Mask-rate schedules only (config validation): a t-conditioned network gets the t of α.
   to_time = bounds.time_argument(
     schedules.get_schedule(config.diffusion.schedule), config.model.time_input
   )
+  return lambda z, alpha: network(z, to_time(alpha))
 
-  def denoise_fn(z, alpha):
-    return network(z, to_time(alpha))
 
+def nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
+  """−log p of each row's editable tokens over the orders of config.eval.likelihood, nats [B]."""
+  kind, num_orders = config_lib.parse_likelihood(config.eval.likelihood)
+  denoise_fn = order_denoiser(params, batch, model=model, config=config)
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
   kwargs = dict(mask_id=config.data.vocab_size, editable=editable)
   if kind == "order":
