@@ -110,15 +110,22 @@ def dropped_prompts(batch: dict, key, p: float, row_index: jax.Array) -> jax.Arr
   return prompt & dropped[:, None]
 
 
-def sampling_denoiser(model, params, config: ml_collections.ConfigDict):
+def sampling_denoiser(
+  model,
+  params,
+  config: ml_collections.ConfigDict,
+  segment_ids: Optional[jax.Array] = None,
+  positions: Optional[jax.Array] = None,
+):
   """denoise_fn(z, alpha) -> logits for the samplers, which call it with α (t for a
   state-dependent schedule): a network conditioned on t (config.model.time_input = "t")
-  gets schedule.time_of(alpha), t to within the rounding of α."""
+  gets schedule.time_of(alpha), t to within the rounding of α. segment_ids and positions
+  [B, L] (as in a batch): rows that end in padding, which the real tokens never attend to."""
   schedule = schedule_of(params, config)
   network = network_params(params)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
   to_time = bounds.time_argument(schedule, time_input)
-  return lambda z, time: model.apply({"params": network}, z, to_time(time))
+  return lambda z, time: model.apply({"params": network}, z, to_time(time), segment_ids, positions)
 
 
 def sequence_nats(
