@@ -61,6 +61,10 @@ def test_converted_logits_equal_transformers(tmp_path, name, scan_layers):
   assert embedding.shape == (97, 64)
   np.testing.assert_allclose(embedding[96], embedding[:96].mean(0), rtol=1e-6, atol=1e-7)
   assert (tmp_path / "tokenizer.json").is_file() and config.data.tokenizer == "bpe"
+  # Weight decay: matrices only; the q/k/v biases are [3, H, Dh] or [H, Dh] but still biases.
+  decayed = jax.tree_util.tree_flatten_with_path(state_lib.weight_decay_mask(state.params))[0]
+  assert [p for p, d in decayed if d and "bias" in jax.tree_util.keystr(p)] == []
+  assert any("bias" in jax.tree_util.keystr(p) for p, _ in decayed) == config.model.qkv_bias
 
 
 @pytest.mark.parametrize("name", MODELS)
