@@ -117,6 +117,7 @@ def _edited_folder(tmp_path, name="hf_llama", edit_config=None, drop_tensor=None
     (lambda c: c.update(intermediate_size=128), None, "'model.layers.0.mlp.gate_proj.weight' has"),
     (lambda c: c.update(rope_parameters={"rope_type": "llama3"}), None, "RoPE type 'llama3'"),
     (lambda c: c.update(hidden_act="gelu"), None, "hidden_act='gelu' is not supported"),
+    (lambda c: c.update(head_dim=32), None, "head_dim=32 is not supported"),
     (lambda c: c.update(attention_bias=True), None, "attention_bias=True is not supported"),
     (None, "model.norm.weight", "no tensor 'model.norm.weight'"),
   ],

@@ -91,18 +91,21 @@ def model_options(hf: dict) -> dict:
   width, heads = hf["hidden_size"], hf["num_attention_heads"]
   kv_heads = hf["num_key_value_heads"] if hf.get("num_key_value_heads") else heads
   head_dim = hf["head_dim"] if hf.get("head_dim") else width // heads
-  unsupported = {
-    "hidden_act": _field(hf, "hidden_act") != "silu",
-    "head_dim": head_dim * heads != width,
-    "num_key_value_heads": heads % kv_heads != 0,
-    "attention_bias": model_type == "llama" and _field(hf, "attention_bias"),
-    "mlp_bias": _field(hf, "mlp_bias"),
-    "use_sliding_window": _field(hf, "use_sliding_window"),
+  checks = {  # name: (its value, whether md4jax's network lacks it)
+    "hidden_act": (_field(hf, "hidden_act"), _field(hf, "hidden_act") != "silu"),
+    "head_dim": (head_dim, head_dim * heads != width),
+    "num_key_value_heads": (kv_heads, heads % kv_heads != 0),
+    "attention_bias": (
+      _field(hf, "attention_bias"),
+      model_type == "llama" and _field(hf, "attention_bias"),
+    ),
+    "mlp_bias": (_field(hf, "mlp_bias"), _field(hf, "mlp_bias")),
+    "use_sliding_window": (_field(hf, "use_sliding_window"), _field(hf, "use_sliding_window")),
   }
-  for name, bad in unsupported.items():
-    if bad:
+  for name, (value, unsupported) in checks.items():
+    if unsupported:
       raise ValueError(
-        f"config.json: {name}={hf[name]!r} is not supported (md4jax's network: a silu MLP "
+        f"config.json: {name}={value!r} is not supported (md4jax's network: a silu MLP "
         "without biases, head_dim = hidden_size / num_attention_heads dividing into key/value "
         "groups, q/k/v biases only as Qwen2's, full attention)."
       )
