@@ -15,6 +15,7 @@ docs/convert.md.
 """
 
 import json
+import pathlib
 import shutil
 import sys
 
@@ -120,7 +121,7 @@ def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: 
   if workdir.checkpoints.is_dir() and any(workdir.checkpoints.iterdir()):
     raise ValueError(f"{workdir.checkpoints} already holds checkpoints: convert into a new --out.")
   config = converted_config(config or config_lib.base_config(), options, model_type, vocab_size)
-  hf_tokenizer = workdir_lib.Workdir(source).tokenizer
+  hf_tokenizer = pathlib.Path(source) / hf_folder.TOKENIZER_FILE
   if hf_tokenizer.is_file():
     config.data.tokenizer = "bpe"
     config.data.tokenizer_path = str(workdir.tokenizer.absolute())
@@ -197,13 +198,11 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   params = jax.device_get(objective.network_params(params))
   tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name])
   hf = hf_params.hf_config(options, dtype_name, config.data.seq_len, base)
-  hf_folder.write_safetensors(
-    workdir_lib.Workdir(out).root / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"}
-  )
+  hf_folder.write_safetensors(pathlib.Path(out) / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})
   hf_folder.write_config(out, hf)
   # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
   if workdir.tokenizer.is_file() and tokenizer_lib.load(workdir.tokenizer).kind == "bpe":
-    shutil.copyfile(workdir.tokenizer, workdir_lib.Workdir(out).tokenizer)
+    shutil.copyfile(workdir.tokenizer, pathlib.Path(out) / hf_folder.TOKENIZER_FILE)
   log(
     f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {restored.step}'s {which} params."
   )
