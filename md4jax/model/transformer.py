@@ -71,6 +71,9 @@ class Transformer(nn.Module):
   remat ("none", "full", "save_dots") recomputes each block's activations in
   the backward pass; scan_layers runs the blocks under nn.scan (params stacked
   on a leading "layers" axis), so compile time does not grow with depth.
+
+  In causal mode with num_kv_heads, qkv_bias, tie_embeddings and rope_base set as theirs, the
+  network is Hugging Face's Llama or Qwen2 (`md4jax.model.hf_params` maps the weights).
   """
 
   vocab_size: int
@@ -92,7 +95,7 @@ class Transformer(nn.Module):
   weight_init: str = "normal"  # WEIGHT_INITS
   norm_eps: float = 1e-6  # The eps of every norm (MD4: 1e-5).
   # A bias on the embedding projection, the time MLP's two layers and every adaLN projection
-  # (MD4's); attention, MLP and logits never have one.
+  # (MD4's); the MLP and logits never have one, attention only through qkv_bias.
   biases: bool = False
   time_features: str = "dit"  # TIME_FEATURES
   time_dim: int = 0  # Width of the time features and embedding; 0 = model_dim.
