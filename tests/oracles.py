@@ -29,7 +29,9 @@ class OracleDenoiser:
     self.vocab_size = language.vocab_size
 
   def apply(self, variables, z_t, alpha=None, segments=None, positions=None):
-    del variables, segments, positions
+    del variables, positions
+    if segments is not None:  # Padding (segment 0) tells nothing: the network never reads it.
+      z_t = jnp.where(segments == 0, self.vocab_size, z_t)
     return self.denoise(z_t, alpha)
 
 

@@ -106,6 +106,12 @@ class Md4jaxLM(LM):
       raise HarnessError(" ".join(str(e).split())) from None
     self.loaded, self.config = loaded, loaded.config
     self.seq_len = self.config.data.seq_len
+    if self.config.sample.cache != "none":
+      raise HarnessError(
+        f"config.sample.cache={self.config.sample.cache!r}: generate_until samples each request's "
+        "own context length in one row; Fast-dLLM's caches take one prompt length a batch "
+        "(md4jax.main --mode=sample offers them). Use sample.cache=none."
+      )
     seed = options["seed"] if "seed" in options else 0
     if isinstance(seed, bool) or not isinstance(seed, int):
       raise HarnessError(f"seed={seed!r}: give an integer.")
