@@ -1,12 +1,11 @@
 """A Hugging Face model folder on disk: its config.json and safetensors weights, read and written.
 
-The safetensors format is an 8-byte little-endian header length, a JSON header naming every
-tensor's dtype, shape and byte range, and the raw little-endian bytes. It is read and written
-here with NumPy (memory-mapped on read) because the safetensors package's NumPy API has no
-bfloat16, the dtype most checkpoints are stored in; ml_dtypes (a JAX dependency) gives NumPy
-one. The writer lays the file out as the safetensors library does (compact JSON, metadata first,
-tensors by name, the header padded with spaces to 8 bytes), so one it wrote reads back bit for bit
-in either.
+Weights go through the safetensors library's NumPy API, whose serializer is the one transformers'
+save_pretrained calls, so a file written here is byte for byte the file transformers writes. It
+reads and writes bfloat16 (the dtype most checkpoints are stored in) as ml_dtypes' NumPy dtype,
+which importing ml_dtypes registers (safetensors >= 0.4.2; checked down to that version). The NumPy
+API rather than the Flax one: jnp arrays would narrow float64 tensors when jax_enable_x64 is off,
+and the conversion reorders tensors on the host anyway.
 """
 
 import json
@@ -16,18 +15,14 @@ import tempfile
 
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
-# safetensors dtype names <-> NumPy's (the float dtypes checkpoints hold).
-_DTYPES = {
-  "F64": np.dtype(np.float64),
-  "F32": np.dtype(np.float32),
-  "F16": np.dtype(np.float16),
-  "BF16": np.dtype(ml_dtypes.bfloat16),
-}
-_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+# The float dtypes checkpoints hold (bfloat16 is ml_dtypes'; importing it lets safetensors name it).
+_FLOAT_DTYPES = tuple(map(np.dtype, (np.float64, np.float32, np.float16, ml_dtypes.bfloat16)))
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
@@ -49,26 +44,14 @@ def read_config(folder) -> dict:
 
 
 def read_safetensors(path) -> dict:
-  """{name: NumPy array (memory-mapped, read-only)} of one safetensors file."""
-  path = pathlib.Path(path)
-  with open(path, "rb") as f:
-    size_bytes = f.read(8)
-    header_size = int.from_bytes(size_bytes, "little") if len(size_bytes) == 8 else -1
-    if not 0 < header_size <= path.stat().st_size - 8:
-      raise ValueError(f"{path} is not a safetensors file (no header).")
-    try:
-      header = json.loads(f.read(header_size))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-      raise ValueError(f"{path} is not a safetensors file (its header is not JSON).") from None
-  header.pop("__metadata__", None)
-  data_size = path.stat().st_size - 8 - header_size
-  data = np.memmap(path, np.uint8, "r", offset=8 + header_size) if data_size else np.zeros(0)
-  tensors = {}
-  for name, spec in header.items():
-    if spec["dtype"] not in _DTYPES:
-      raise ValueError(f"{path}: tensor {name!r} is {spec['dtype']}, not a float dtype.")
-    start, end = spec["data_offsets"]
-    tensors[name] = data[start:end].view(_DTYPES[spec["dtype"]]).reshape(spec["shape"])
+  """{name: NumPy array} of one safetensors file (float tensors only: weights, not buffers)."""
+  try:
+    tensors = safetensors.numpy.load_file(path)
+  except safetensors.SafetensorError as e:
+    raise ValueError(f"{path} is not a safetensors file ({e}).") from None
+  for name in sorted(tensors):
+    if tensors[name].dtype not in _FLOAT_DTYPES:
+      raise ValueError(f"{path}: tensor {name!r} is {tensors[name].dtype}, not a float dtype.")
   return tensors
 
 
@@ -93,27 +76,19 @@ def read_weights(folder) -> dict:
 def write_safetensors(path, tensors: dict, metadata: dict):
   """Writes {name: NumPy array} to `path` (atomically: a reader never sees half a file)."""
   path = pathlib.Path(path)
-  header, offset = {"__metadata__": metadata}, 0
-  arrays = {name: np.ascontiguousarray(tensors[name]) for name in sorted(tensors)}
-  for name, array in arrays.items():
-    if array.dtype not in _NAMES:
+  for name, array in tensors.items():
+    if array.dtype not in _FLOAT_DTYPES:
       raise ValueError(f"Tensor {name!r} is {array.dtype}; safetensors holds float dtypes here.")
-    header[name] = {
-      "dtype": _NAMES[array.dtype],
-      "shape": list(array.shape),
-      "data_offsets": [offset, offset + array.nbytes],
-    }
-    offset += array.nbytes
-  text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-  text += b" " * (-len(text) % 8)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-  with os.fdopen(fd, "wb") as f:
-    f.write(len(text).to_bytes(8, "little"))
-    f.write(text)
-    for array in arrays.values():
-      f.write(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-  os.replace(tmp, path)
+  os.close(fd)
+  try:
+    # Contiguous: the serializer copies each array's buffer as it lies, transposed views included.
+    arrays = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
+    safetensors.numpy.save_file(arrays, tmp, metadata)
+    os.replace(tmp, path)
+  finally:
+    pathlib.Path(tmp).unlink(missing_ok=True)
 
 
 def write_config(folder, config: dict):
