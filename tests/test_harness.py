@@ -394,8 +394,9 @@ def test_local_yaml_tasks_through_simple_evaluate(workdir, language, tmp_path):
   # A bound of a 20-step model: above the true chain's perplexity, below 8 per token squared.
   assert exact[harness_tasks.TASKS[1]]["word_perplexity"] < rolling["word_perplexity,none"] < 64
   generations = [s["resps"][0][0] for s in out["samples"][harness_tasks.TASKS[2]]]
-  assert len(generations) == 4 and not any(" 0" in g for g in generations)
-  assert all(len(g.split()) <= SEQ_LEN // 2 for g in generations)
+  assert len(generations) == 4 and all(
+    g.startswith(" ") and len(g.split()) == 1 for g in generations
+  )
   lines = [json.loads(line) for line in se_path.read_text().splitlines()]
   assert len(lines) == 8 * 2 + 4 == len(model.records)  # Two choices a question, four texts.
   # lm-eval's logged responses are the harness's records, request for request.
@@ -409,14 +410,15 @@ def test_local_yaml_tasks_through_simple_evaluate(workdir, language, tmp_path):
 
 
 def test_exact_oracle_through_lm_eval_gives_the_true_chain_figures(lm, language, tmp_path):
-  # Left to right, the exact denoiser is the true chain: lm-eval's acc and rolling perplexity
-  # are the truth's on the same documents (a window's context holds the previous id).
+  # Left to right, the exact denoiser is the true chain: lm-eval's acc, rolling perplexity and
+  # greedy next id are the truth's on the same documents (a window's context holds the last id).
   exact = write_tasks(tmp_path, language)
   oracle = one_device(lm.loaded, oracles.OracleDenoiser(language))
   oracle = harness_model.Loaded(oracle.config, oracle.model, {}, oracle.codec, oracle.mesh)
   out = evaluate(harness.Md4jaxLM(loaded=oracle, likelihood="order", batch_size=8), tmp_path)
-  choice, rolling = (out["results"][task] for task in harness_tasks.TASKS[:2])
+  choice, rolling, gen = (out["results"][task] for task in harness_tasks.TASKS)
   assert choice["acc,none"] == exact[harness_tasks.TASKS[0]]["acc"]
+  assert gen["exact_match,none"] == 1.0  # Greedy after the context: the transition's mode.
   assert rolling["word_perplexity,none"] == pytest.approx(
     exact[harness_tasks.TASKS[1]]["word_perplexity"], rel=1e-4
   )

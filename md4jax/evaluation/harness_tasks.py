@@ -6,9 +6,10 @@ on the same documents to read its numbers against (docs/lm_eval.md).
 --include_path); a document is its token ids separated by spaces, the text `MarkovCodec` reads:
 
   md4jax_markov_choice   multiple_choice: a sequence's first half, then its own second half or
-                         another sequence's (acc: the model prefers the true one)
+                         that half reversed (acc: the model prefers the chain's direction)
   md4jax_markov_rolling  loglikelihood_rolling: sequences of one to three context windows
-  md4jax_markov_gen      generate_until: continue a sequence's first half, cut at `until`
+  md4jax_markov_gen      generate_until, greedy: one id after a sequence's first half
+                         (exact_match: it is the chain's most likely next id)
 """
 
 import json
@@ -42,27 +43,31 @@ def write_tasks(
   num_prompts: int = 16,
   seed: int = 0,
 ) -> dict:
-  """Writes the TASKS into `folder` and returns the true chain's figures on their documents:
-  {"md4jax_markov_choice": {"acc"}, "md4jax_markov_rolling": {"word_perplexity"}}.
+  """Writes the TASKS into `folder` and returns the true chain's figures on their documents,
+  {task: {metric: value}}.
 
-  The choice task's exact acc picks the continuation of higher true likelihood; the rolling
-  task's exact word perplexity is exp(−log p(texts) / their tokens) (one id is one word).
+  The choice task's exact acc picks the continuation of higher true likelihood (the first on a
+  tie, as lm-eval does); the rolling task's exact word perplexity is exp(−log p(texts) / their
+  tokens) (one id is one word); the generation's target is the chain's mode after the context,
+  so the chain's own exact_match is 1.
   """
   folder = pathlib.Path(folder).absolute()
   folder.mkdir(parents=True, exist_ok=True)
-  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   half = seq_len // 2
-  own, other = (np.asarray(language.sample(k, num_questions, seq_len)) for k in keys[:2])
+  own = np.asarray(language.sample(keys[0], num_questions, seq_len))
+  backwards = np.concatenate([own[:, :half], own[:, : half - 1 : -1]], axis=1)
   lengths = [seq_len * (1 + i % 3) - 3 * (i % 2) for i in range(num_texts)]  # 1-3 windows.
-  texts = np.asarray(language.sample(keys[2], num_texts, max(lengths)))
-  prompts = np.asarray(language.sample(keys[3], num_prompts, seq_len))
+  texts = np.asarray(language.sample(keys[1], num_texts, max(lengths)))
+  prompts = np.asarray(language.sample(keys[2], num_prompts, half))
+  modes = np.argmax(np.asarray(language.transition)[prompts[:, -1]], axis=-1)
   files = {
     "choice": [
       {"context": _text(a[:half]), "choices": [_text(a[half:]), _text(b[half:])], "label": 0}
-      for a, b in zip(own, other)
+      for a, b in zip(own, backwards)
     ],
     "rolling": [{"text": _text(row[:n])} for row, n in zip(texts, lengths)],
-    "gen": [{"context": _text(row[:half]), "target": " " + _text(row[half:])} for row in prompts],
+    "gen": [{"context": _text(row), "target": f" {mode}"} for row, mode in zip(prompts, modes)],
   }
   for name, records in files.items():
     (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -71,10 +76,10 @@ def write_tasks(
     "doc_to_choice: choices\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n",
     "rolling": "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
     "doc_to_target: '{{text}}'\nmetric_list:\n  - metric: word_perplexity\n",
-    # until: the word 0 (an id starts with 0 only if it is 0); at most half a window of new ids.
+    # One id, greedy (do_sample false: temperature 0); until is lm-eval's usual line break.
     "gen": "output_type: generate_until\ndoc_to_text: '{{context}}'\n"
-    f"doc_to_target: '{{{{target}}}}'\ngeneration_kwargs:\n  until: [' 0']\n"
-    f"  max_gen_toks: {seq_len - half}\nmetric_list:\n  - metric: exact_match\n",
+    "doc_to_target: '{{target}}'\ngeneration_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 1\n"
+    "  do_sample: false\nmetric_list:\n  - metric: exact_match\n",
   }
   for task, name in zip(TASKS, bodies):
     (folder / f"{task}.yaml").write_text(_yaml(task, folder / f"{name}.jsonl", bodies[name]))
@@ -82,13 +87,11 @@ def write_tasks(
   def log_p(rows):
     return np.asarray(language.log_prob(np.asarray(rows)), np.float64)
 
-  # The continuations' conditional log-likelihoods differ from their joint ones by log p(context),
+  # A continuation's conditional log-likelihood differs from the joint one by log p(context),
   # the same for both choices.
-  exact_acc = float(
-    np.mean(log_p(own) > log_p(np.concatenate([own[:, :half], other[:, half:]], 1)))
-  )
   nats = sum(-log_p(row[None, :n])[0] for row, n in zip(texts, lengths))
   return {
-    TASKS[0]: {"acc": exact_acc},
+    TASKS[0]: {"acc": float(np.mean(log_p(own) >= log_p(backwards)))},
     TASKS[1]: {"word_perplexity": math.exp(nats / sum(lengths))},
+    TASKS[2]: {"exact_match": 1.0},
   }
