@@ -130,8 +130,10 @@ def load_workdir(path, overrides: dict) -> Loaded:
     raise HarnessError(f"workdir={str(path)!r}: no checkpoint in {workdir.checkpoints}.")
   if config.data.dataset == "markov":
     codec = MarkovCodec(config)
-  else:
-    codec = tokenizer_lib.load(workdir.tokenizer)
+  elif workdir.tokenizer.is_file() or not config.data.tokenizer_path:
+    codec = tokenizer_lib.load(workdir.tokenizer)  # Saved by training (or md4jax.convert).
+  else:  # A workdir that has not trained yet reads its tokenizer where the config says.
+    codec = tokenizer_lib.load(config.data.tokenizer_path)
   return Loaded(config, model, restored.state.ema_params, codec, mesh)
 
 
