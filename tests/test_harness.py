@@ -4,6 +4,7 @@ the documented rows, generation stops at `until`; with the exact oracle the left
 K-order likelihoods are the exact conditional NLL and the NELBO is above it; local YAML tasks
 run offline through lm_eval.simple_evaluate and its command line."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -67,8 +68,21 @@ def request(kind: str, *args) -> Instance:
   return Instance(request_type=kind, doc={}, arguments=args, idx=0)
 
 
+def pairs(rows, context_length: int) -> list[Instance]:
+  """loglikelihood requests: each row's first context_length ids, then the rest."""
+  return [
+    request("loglikelihood", text(r[:context_length]), " " + text(r[context_length:])) for r in rows
+  ]
+
+
 def sequences(language, n: int, length: int, seed: int = 0) -> np.ndarray:
   return np.asarray(language.sample(jax.random.PRNGKey(seed), n, length))
+
+
+@pytest.fixture(scope="module")
+def oracle(lm, language):
+  """The language's exact denoiser in the trained network's place (no params)."""
+  return dataclasses.replace(one_device(lm.loaded, oracles.OracleDenoiser(language)), params={})
 
 
 def one_device(loaded: harness_model.Loaded, model=None) -> harness_model.Loaded:
@@ -100,9 +114,7 @@ def md4jax_draws(lm, batch: dict, keys, row_index=None) -> np.ndarray:
 def test_loglikelihood_is_md4jax_bound_of_the_same_draws(lm, language):
   # Whole rows (context + continuation = seq_len): the direct computation needs no padding.
   rows = sequences(language, 5, SEQ_LEN)
-  results = lm.loglikelihood(
-    [request("loglikelihood", text(r[:9]), " " + text(r[9:])) for r in rows]
-  )
+  results = lm.loglikelihood(pairs(rows, 9))
   editable = np.broadcast_to(np.arange(SEQ_LEN) >= 9, rows.shape)
   batch = {**sources.dense_batch(rows), "editable": editable}
   row_index = jnp.asarray([harness_model.row_id(r, e) for r, e in zip(rows, editable)])
@@ -119,9 +131,7 @@ def test_padded_rows_score_as_the_shorter_rows_alone(lm, language):
   # without padding give the same law (other masks: the padding changes the row's shape).
   rows = sequences(language, 4, 9, seed=1)
   many = harness.Md4jaxLM(loaded=lm.loaded, draws=64, seed=4, batch_size=8)
-  results = many.loglikelihood(
-    [request("loglikelihood", text(r[:4]), " " + text(r[4:])) for r in rows]
-  )
+  results = many.loglikelihood(pairs(rows, 4))
   batch = sources.dense_batch(np.repeat(rows, 64, 0))  # Each row 64 times.
   batch["editable"] = np.broadcast_to(np.arange(9) >= 4, batch["tokens"].shape)
   direct = md4jax_draws(lm, batch, list(jax.random.split(jax.random.PRNGKey(100), 4)))
@@ -152,7 +162,7 @@ def test_context_positions_are_never_masked(lm, language, likelihood):
   spied = one_device(lm.loaded, Spy(lm.loaded.model, seen))
   scorer = harness.Md4jaxLM(loaded=spied, draws=3, likelihood=likelihood, batch_size=4)
   rows = sequences(language, 3, 12, seed=2)
-  scorer.loglikelihood([request("loglikelihood", text(r[:7]), " " + text(r[7:])) for r in rows])
+  scorer.loglikelihood(pairs(rows, 7))
   assert seen, "the network was never called"
   mask_id = VOCAB
   masked_continuation = False
@@ -167,7 +177,7 @@ def test_context_positions_are_never_masked(lm, language, likelihood):
 
 def test_more_draws_shrink_the_standard_error(lm, language):
   rows = sequences(language, 8, SEQ_LEN, seed=3)
-  requests = [request("loglikelihood", text(r[:6]), " " + text(r[6:])) for r in rows]
+  requests = pairs(rows, 6)
   stderr = {}
   for draws in (4, 64):
     scorer = harness.Md4jaxLM(loaded=lm.loaded, draws=draws, batch_size=8)
@@ -196,33 +206,26 @@ def test_rolling_is_the_unconditional_bound_then_the_documented_windows(lm, lang
   assert rolled[1] == pytest.approx(sum(w for w, _ in windows), rel=1e-6)
 
 
+def generations(lm, context: str, *untils, n: int = 10) -> list[str]:
+  """generate_until of the context once per `until` list, n tokens at most."""
+  kwargs = [{"until": until, "max_gen_toks": n} for until in untils]
+  return lm.generate_until([request("generate_until", context, k) for k in kwargs])
+
+
 def test_generation_stops_at_until_and_keeps_its_draws(lm):
-  context = "1 2 3 4"
-  (free,) = lm.generate_until(
-    [request("generate_until", context, {"until": [], "max_gen_toks": 10})]
-  )
+  (free,) = generations(lm, "1 2 3 4", [])
   ids = free.split()
   assert len(ids) == 10 and all(0 <= int(t) < VOCAB for t in ids) and free.startswith(" ")
   stop = ids[3]  # A token that occurs after the first: the cut shortens the text.
-  cut, again = lm.generate_until(
-    [
-      request("generate_until", context, {"until": [f" {stop}"], "max_gen_toks": 10}),
-      request("generate_until", context, {"until": ["\n"], "max_gen_toks": 10}),
-    ]
-  )
+  cut, again = generations(lm, "1 2 3 4", [f" {stop}"], ["\n"])
   assert cut == free[: free.index(f" {stop}")] and len(cut) < len(free)
   assert again != free  # lm-eval's repeats: an equal request draws afresh.
-  (short,) = lm.generate_until(
-    [request("generate_until", context, {"until": [], "max_gen_toks": 2})]
-  )
-  assert len(short.split()) == 2
+  assert len(generations(lm, "1 2 3 4", [], n=2)[0].split()) == 2
 
 
-def test_exact_oracle_orders_are_the_exact_nll_and_the_nelbo_is_above_it(lm, language):
-  oracle = one_device(lm.loaded, oracles.OracleDenoiser(language))
-  oracle = harness_model.Loaded(oracle.config, oracle.model, {}, oracle.codec, oracle.mesh)
+def test_exact_oracle_orders_are_the_exact_nll_and_the_nelbo_is_above_it(oracle, language):
   rows = sequences(language, 48, SEQ_LEN, seed=6)
-  requests = [request("loglikelihood", text(r[:8]), " " + text(r[8:])) for r in rows]
+  requests = pairs(rows, 8)
   exact = -np.asarray(language.log_prob(rows) - language.log_prob(rows[:, :8]), np.float64)
   for likelihood in ("order", "orders:3"):
     scorer = harness.Md4jaxLM(loaded=oracle, likelihood=likelihood, batch_size=16)
@@ -238,9 +241,7 @@ def test_exact_oracle_orders_are_the_exact_nll_and_the_nelbo_is_above_it(lm, lan
 def test_orders_scores_are_md4jax_iw_bound_of_the_same_orders(lm, language):
   rows = sequences(language, 3, SEQ_LEN, seed=7)
   scorer = harness.Md4jaxLM(loaded=lm.loaded, likelihood="orders:3", seed=2, batch_size=8)
-  got = scorer.loglikelihood(
-    [request("loglikelihood", text(r[:10]), " " + text(r[10:])) for r in rows]
-  )
+  got = scorer.loglikelihood(pairs(rows, 10))
   editable = np.broadcast_to(np.arange(SEQ_LEN) >= 10, rows.shape)
   batch = {**sources.dense_batch(rows), "editable": editable}
   config = scorer.config.copy_and_resolve_references()
@@ -269,9 +270,7 @@ def test_is_greedy_is_the_argmax_with_the_continuation_masked(lm, language):
   best = np.where(np.arange(SEQ_LEN) >= 12, argmax, rows)
   other = best.copy()
   other[:, 13] = (other[:, 13] + 1) % VOCAB
-  results = lm.loglikelihood(
-    [request("loglikelihood", text(r[:12]), " " + text(r[12:])) for r in [*best, *other]]
-  )
+  results = lm.loglikelihood(pairs([*best, *other], 12))
   assert [g for _, g in results] == [True] * 8 + [False] * 8
 
 
@@ -291,9 +290,7 @@ def test_an_ar_workdir_is_scored_exactly_and_samples(language, tmp_path):
   config = config_lib.load_config("tiny_ar")
   ar = harness.Md4jaxLM(workdir=saved_init(config, tmp_path), draws=4, batch_size=8)
   rows = sequences(language, 3, 12, seed=10)
-  results = ar.loglikelihood(
-    [request("loglikelihood", text(r[:5]), " " + text(r[5:])) for r in rows]
-  )
+  results = ar.loglikelihood(pairs(rows, 5))
   batch = {**sources.dense_batch(rows), "editable": np.broadcast_to(np.arange(12) >= 5, rows.shape)}
   exact = objective.sequence_nats(
     ar.loaded.params,
@@ -325,9 +322,7 @@ def test_a_block_diffusion_workdir_scores_and_samples_block_by_block(language, t
   config.diffusion.block_size, config.model.time_conditioning = 4, "none"
   blocks = harness.Md4jaxLM(workdir=saved_init(config, tmp_path), draws=2, batch_size=8)
   rows = sequences(language, 2, 10, seed=11)
-  results = blocks.loglikelihood(
-    [request("loglikelihood", text(r[:5]), " " + text(r[5:])) for r in rows]
-  )
+  results = blocks.loglikelihood(pairs(rows, 5))
   assert all(np.isfinite(ll) and ll < 0 for ll, _ in results)
   (generated,) = blocks.generate_until([request("generate_until", "1 2 3", {"max_gen_toks": 7})])
   assert len(generated.split()) == 7
@@ -409,12 +404,10 @@ def test_local_yaml_tasks_through_simple_evaluate(workdir, language, tmp_path):
   assert len(pairs) == 16 and all(scored[args] == value for args, value in pairs)
 
 
-def test_exact_oracle_through_lm_eval_gives_the_true_chain_figures(lm, language, tmp_path):
+def test_exact_oracle_through_lm_eval_gives_the_true_chain_figures(oracle, language, tmp_path):
   # Left to right, the exact denoiser is the true chain: lm-eval's acc, rolling perplexity and
   # greedy next id are the truth's on the same documents (a window's context holds the last id).
   exact = write_tasks(tmp_path, language)
-  oracle = one_device(lm.loaded, oracles.OracleDenoiser(language))
-  oracle = harness_model.Loaded(oracle.config, oracle.model, {}, oracle.codec, oracle.mesh)
   out = evaluate(harness.Md4jaxLM(loaded=oracle, likelihood="order", batch_size=8), tmp_path)
   choice, rolling, gen = (out["results"][task] for task in harness_tasks.TASKS)
   assert choice["acc,none"] == exact[harness_tasks.TASKS[0]]["acc"]
@@ -424,55 +417,27 @@ def test_exact_oracle_through_lm_eval_gives_the_true_chain_figures(lm, language,
   )
 
 
-def test_command_line_error_is_one_line(language, tmp_path):
-  write_tasks(tmp_path, language)  # lm-eval looks the tasks up before it builds the model.
-  result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "md4jax.lm_eval",
-      "--model",
-      "md4jax",
-      "--model_args",
-      f"workdir={tmp_path / 'missing'}",
-      "--tasks",
-      harness_tasks.TASKS[0],
-      "--include_path",
-      str(tmp_path),
-    ],
-    capture_output=True,
-    text=True,
-  )
-  assert result.returncode == 1
-  assert result.stderr.strip().splitlines()[-1] == (
-    f"md4jax: error: workdir='{tmp_path / 'missing'}' does not exist."
-  )
-
-
-@pytest.mark.slow
-def test_command_line_runs_the_local_tasks(workdir, language, tmp_path):
-  write_tasks(tmp_path, language)
-  result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "md4jax.lm_eval",
-      "--model",
-      "md4jax",
-      "--model_args",
-      f"workdir={workdir},draws=4,se_path={tmp_path / 'se.jsonl'}",
-      "--tasks",
-      ",".join(harness_tasks.TASKS),
-      "--include_path",
-      str(tmp_path),
-      "--batch_size",
-      "8",
-    ],
+def lm_eval_command(model_args: str, folder, tasks: str) -> subprocess.CompletedProcess:
+  """python -m md4jax.lm_eval on the tasks in folder, offline."""
+  command = f"--model md4jax --model_args {model_args} --tasks {tasks} --include_path {folder}"
+  return subprocess.run(
+    [sys.executable, "-m", "md4jax.lm_eval", *command.split(), "--batch_size", "8"],
     capture_output=True,
     text=True,
     env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
   )
+
+
+@pytest.mark.slow  # Two starts of lm-eval's command line: 15-25 s each on 2 shared cores.
+def test_command_line_runs_the_local_tasks_and_errors_in_one_line(workdir, language, tmp_path):
+  write_tasks(tmp_path, language)
+  model_args = f"workdir={workdir},draws=4,se_path={tmp_path / 'se.jsonl'}"
+  result = lm_eval_command(model_args, tmp_path, ",".join(harness_tasks.TASKS))
   assert result.returncode == 0, result.stderr[-2000:]
-  for name in harness_tasks.TASKS:
-    assert name in result.stdout
+  assert all(name in result.stdout for name in harness_tasks.TASKS)
   assert len((tmp_path / "se.jsonl").read_text().splitlines()) == 20
+  result = lm_eval_command(f"workdir={tmp_path / 'missing'}", tmp_path, harness_tasks.TASKS[0])
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+    f"md4jax: error: workdir='{tmp_path / 'missing'}' does not exist."
+  )
