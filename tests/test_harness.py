@@ -354,6 +354,7 @@ def test_bad_model_args_are_one_line_errors(workdir, tmp_path):
     "eval.likelihood must be": dict(workdir=str(workdir), likelihood="orders:x"),
     "no key 'nosuch'": {"workdir": str(workdir), "config.sample.nosuch": 1},
     "rolling_context=16": dict(workdir=str(workdir), rolling_context=16),
+    "max_gen_toks='many'": dict(workdir=str(workdir), max_gen_toks="many"),
     "sample.cache": {"workdir": str(workdir), "config.sample.cache": "prefix"},
   }
   for message, args in cases.items():

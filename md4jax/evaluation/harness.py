@@ -68,6 +68,15 @@ def _batch_size(value, shards: int) -> int:
   return -(-size // shards) * shards
 
 
+def _integer(options: dict, name: str, default: int) -> int:
+  """The model_arg `name` (lm-eval parses "8" to 8), default if absent; HarnessError if not an
+  integer."""
+  value = options[name] if name in options else default
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise HarnessError(f"{name}={value!r}: give an integer.")
+  return value
+
+
 @register_model("md4jax")
 class Md4jaxLM(LM):
   """An md4jax workdir's EMA model (or a `harness_model.Loaded`, e.g. the exact oracle).
@@ -92,7 +101,7 @@ class Md4jaxLM(LM):
         f"{', '.join(CONFIG_ARGS)} and config.<section>.<key>=value (docs/lm_eval.md)."
       )
     if (workdir is None) == (loaded is None):
-      raise HarnessError("give the model_arg workdir=DIR (an md4jax workdir).")
+      raise HarnessError("give the model_arg workdir=DIR (an md4jax workdir), and only it.")
     overrides = {key: options[name] for name, key in CONFIG_ARGS.items() if name in options}
     overrides.update(
       {n[len("config.") :]: v for n, v in options.items() if n.startswith("config.")}
@@ -112,20 +121,14 @@ class Md4jaxLM(LM):
         "own context length in one row; Fast-dLLM's caches take one prompt length a batch "
         "(md4jax.main --mode=sample offers them). Use sample.cache=none."
       )
-    seed = options["seed"] if "seed" in options else 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-      raise HarnessError(f"seed={seed!r}: give an integer.")
+    seed = _integer(options, "seed", 0)
     mesh = loaded.mesh
     self.batch_size = _batch_size(
       options["batch_size"] if "batch_size" in options else None,
       mesh.shape["data"] * mesh.shape["fsdp"],
     )
-    self.max_gen_toks = int(
-      options["max_gen_toks"] if "max_gen_toks" in options else DEFAULT_MAX_GEN_TOKS
-    )
-    self.rolling_context = int(
-      options["rolling_context"] if "rolling_context" in options else self.seq_len // 2
-    )
+    self.max_gen_toks = _integer(options, "max_gen_toks", DEFAULT_MAX_GEN_TOKS)
+    self.rolling_context = _integer(options, "rolling_context", self.seq_len // 2)
     if not 0 <= self.rolling_context < self.seq_len:
       raise HarnessError(
         f"rolling_context={self.rolling_context}: give 0 .. {self.seq_len - 1} (data.seq_len - 1)."
