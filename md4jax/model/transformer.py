@@ -216,7 +216,16 @@ class Transformer(nn.Module):
     return x if cache is None else (x, new_kv)
 
   @nn.compact
-  def __call__(self, tokens, alpha=None, segment_ids=None, positions=None, clean=None, cache=None):
+  def __call__(
+    self,
+    tokens,
+    alpha=None,
+    segment_ids=None,
+    positions=None,
+    clean=None,
+    cache=None,
+    attention_mask=None,
+  ):
     """tokens [B, L] int32; alpha [B] float or None: the time value per sequence, alpha(t) or t
     (`md4jax.training.objective.denoiser` passes what config.model.time_input names).
 
@@ -231,6 +240,9 @@ class Transformer(nn.Module):
     cache {"k", "v": [N, B, C, H, Dh], "valid": [C] bool} (block diffusion's sampler): tokens
     are one block at absolute positions (given, any size) that reads the valid cached keys and
     values and itself; returns (logits, {"k", "v": the block's own, [N, B, L, H, Dh]}).
+    attention_mask [L, L] or [B, L, L] bool or None: where query i may read key j besides
+    what segment_ids allow (the caller's pattern, e.g. an annealed causal mask,
+    `md4jax.training.adaptation`); not with clean, cache or the splash kernel.
     """
     self._check_config(alpha)
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
@@ -258,6 +270,14 @@ class Transformer(nn.Module):
         )
       if self.attention != "splash":
         mask = segment_attention_mask(segment_ids)
+    if attention_mask is not None:
+      if clean is not None or cache is not None or self.attention == "splash":
+        raise ValueError("attention_mask takes one stream without a cache, not splash attention")
+      allowed = jnp.asarray(attention_mask, bool)
+      if allowed.shape[-2:] != (length, length) or allowed.ndim not in (2, 3):
+        raise ValueError(f"attention_mask must be [L, L] or [B, L, L], L={length}: {allowed.shape}")
+      allowed = allowed.reshape((-1, 1, length, length))  # [B or 1, 1, L, L], as the heads see it.
+      mask = allowed if mask is None else mask & allowed
     if positions is not None and jnp.shape(positions) != tokens.shape:  # (Tiled with clean.)
       raise ValueError(
         f"positions must have the tokens' shape {tokens.shape}, got {jnp.shape(positions)}"
