@@ -90,6 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.qkv_bias = False  # A bias on the attention's query, key and value projections (Qwen2's).
   config.model.tie_embeddings = False  # Logits read off the token embedding's first vocab_size rows (the mask row is an input only) instead of a logits layer of their own (tie_word_embeddings); needs embed_dim = 0.
   config.model.rope_base = 10000.0  # RoPE's θ: a head's pair i turns by rope_base^(-2i/head_dim) per position (Llama 3: 500000, Qwen2: 1000000).
+  config.model.shifted_prediction = False  # mdm: Dream's shift, the network reads [BOS = mask id, z_0, ..., z_{L-2}] so position i's output predicts token i from the positions before it, as an ar model's next-token head does (adapting one: docs/adapt.md).
   config.model.time_input = "alpha"  # adaln: the denoiser's time input, "alpha" (α(t)) or "t" (MD4; the samplers pass t = the schedule's inverse of α).
   config.model.time_features = "dit"  # adaln: sinusoidal time features, "dit" ([cos, sin], 10000^(-i/half)) or "ddpm" ([sin, cos], 10000^(-i/(half-1)), MD4).
   config.model.time_dim = 0  # adaln: width of the time features and time embedding (MD4: the head dim); 0 = model_dim.
@@ -129,6 +130,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.training.loss_units = "nats"  # Unit of the per-token loss whose gradient the optimizer sees: "nats" or "bits" (MD4; the gradient / ln 2).
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
   config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.
+  config.training.init_from = ""  # A workdir (md4jax-trained or converted) whose newest EMA params start a fresh run at step 0, the EMA at them; its network's param shapes must match (AR → MDM: configs/adapt.py); a workdir with checkpoints of its own resumes them instead; "" = a random init.
+  config.training.attention_anneal_steps = 0  # mdm: DiffuLLaMA's annealing over N steps: at step s query i reads keys j <= i and each later one with probability min(1, s / N) (one draw per pair and step): causal at 0, bidirectional from N on (eval and sampling always); 0 = bidirectional throughout.
 
   config.eval = ml_collections.ConfigDict()
   config.eval.num_sequences = 256  # Held-out sequences; the standard error is over them.
@@ -245,6 +248,7 @@ CHECKPOINT_KEYS = (
   "model.qkv_bias",
   "model.tie_embeddings",
   "model.rope_base",
+  "model.shifted_prediction",
   "model.preset",
 )
 

@@ -6,7 +6,7 @@ one fixed order, so of several bad values the same one is reported every time.
 
 import ml_collections
 
-from md4jax import network_validation, sample_validation
+from md4jax import adapt_validation, network_validation, sample_validation
 from md4jax.config_values import (
   DATASETS,
   DTYPES,
@@ -45,6 +45,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   _validate_training(config)
   _validate_eval(config)
   _validate_optimizer(config)
+  adapt_validation.validate_adaptation(config)
   sample_validation.validate_sampling(config)
 
 

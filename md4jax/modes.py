@@ -26,7 +26,7 @@ from md4jax.evaluation import evaluate, frontier, plots, report
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
-from md4jax.training import checkpoint, metrics_writer, preemption, train
+from md4jax.training import adaptation, checkpoint, metrics_writer, preemption, train
 from md4jax.training import state as state_lib
 
 
@@ -56,8 +56,8 @@ class Run:
     restored = checkpoint.restore(self.manager, self.abstract_state)
     self.restored_step: Optional[int] = None
     self.loop_state: dict = {"window": []}
-    if restored is None:
-      self.state = state_lib.init_state(config, self.model, self.optimizer, self.mesh)
+    if restored is None:  # A fresh run: a random init, or training.init_from's params.
+      self.state = adaptation.initial_state(config, self.model, self.optimizer, self.mesh)
     else:
       self.restored_step, self.state, self.loop_state = (
         restored.step,

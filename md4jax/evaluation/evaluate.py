@@ -45,7 +45,7 @@ def profile_nats(
   """
   bins = config.eval.profile_bins
   schedule = schedules.get_schedule(config.diffusion.schedule)  # Mask-rate schedules only.
-  denoise_fn = objective.denoiser(model, params, batch)
+  denoise_fn = objective.denoiser(model, params, batch, config=config)
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
 
   def one_bin(b):

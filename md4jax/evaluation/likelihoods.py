@@ -28,7 +28,7 @@ def enabled(config: ml_collections.ConfigDict) -> bool:
 
 def order_denoiser(params, batch: dict, *, model, config: ml_collections.ConfigDict):
   """denoise_fn(z, alpha) of the batch's rows as `orders` calls it: α the share shown."""
-  network = objective.denoiser(model, params, batch)
+  network = objective.denoiser(model, params, batch, config=config)
   # Mask-rate schedules only (config validation): a t-conditioned network gets the t of α.
   to_time = bounds.time_argument(
     schedules.get_schedule(config.diffusion.schedule), config.model.time_input

@@ -19,6 +19,14 @@ under SCHEDULE_PARAMS: θ [V] (or [1], shared), exponents w = softplus(θ).
 Block diffusion (config.diffusion.block_size b < L, `md4jax.diffusion.blocks`): the standard
 continuous estimator (training's) runs the network's two-stream pass once; the other
 estimators and the discrete-time bound go through the reference path, one call per block.
+
+Shifted prediction (config.model.shifted_prediction, Dream's, for a model adapted from an ar
+one, docs/adapt.md): the mdm network reads z_t as the ar model reads x, [BOS, z_0, ..., z_{L-2}]
+(`ar_inputs`), so the output at position i predicts token i from the positions before it and an
+ar model's next-token head serves unchanged. BOS is the mask id: position 0 is predicted from a
+token that is always masked, as the ar model predicts its first token; z_{L-1} is never read.
+`denoiser` and `sampling_denoiser` shift, so training, every bound and every sampler see the
+same denoiser; the network itself is unchanged.
 """
 
 from typing import Any, Optional
@@ -30,9 +38,11 @@ import ml_collections
 from md4jax.diffusion import blocks, bounds, schedules
 
 
-def ar_inputs(tokens: jax.Array, bos_id: int) -> jax.Array:
-  """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it."""
-  return jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
+def ar_inputs(tokens: jax.Array, bos_id: int, positions: Optional[jax.Array] = None) -> jax.Array:
+  """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it. With positions
+  [B, L] (packed documents), each document starts from BOS, never from its predecessor's end."""
+  inputs = jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
+  return inputs if positions is None else jnp.where(positions == 0, bos_id, inputs)
 
 
 SCHEDULE_PARAMS = (
@@ -72,15 +82,34 @@ def network_params(params: Any) -> Any:
   return params
 
 
-def denoiser(model, params, batch: dict, hidden: Optional[jax.Array] = None):
+def denoiser(
+  model,
+  params,
+  batch: dict,
+  hidden: Optional[jax.Array] = None,
+  *,
+  config: ml_collections.ConfigDict,
+  attention_mask: Optional[jax.Array] = None,
+):
   """denoise_fn(z_t, time) -> logits of the mdm model on the batch's documents, the time value
   passed to the network as it is: α(t), or t for config.model.time_input = "t" (the bounds
   call it so, `bounds.nelbo`'s time_input) and for a state-dependent schedule. hidden [B, L]:
-  positions the network sees masked (a dropped prompt, `training_loss`)."""
+  positions the network sees masked (a dropped prompt, `training_loss`). attention_mask [L, L]:
+  the network's extra attention pattern (training's annealed one, `adaptation`)."""
   segments, positions = batch["segment_ids"], batch["positions"]
   network = network_params(params)
   shown = _hide(hidden, model.vocab_size)
-  return lambda z_t, time: model.apply({"params": network}, shown(z_t), time, segments, positions)
+  read = _reader(config, positions)
+  return lambda z_t, time: model.apply(
+    {"params": network}, read(shown(z_t)), time, segments, positions, attention_mask=attention_mask
+  )
+
+
+def _reader(config: ml_collections.ConfigDict, positions: Optional[jax.Array]):
+  """z -> the tokens the network reads: z itself, or shifted (config.model.shifted_prediction)."""
+  if not config.model.shifted_prediction:
+    return lambda tokens: tokens
+  return lambda tokens: ar_inputs(tokens, config.data.vocab_size, positions)
 
 
 def _hide(hidden, mask_id: int):
@@ -125,7 +154,10 @@ def sampling_denoiser(
   network = network_params(params)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
   to_time = bounds.time_argument(schedule, time_input)
-  return lambda z, time: model.apply({"params": network}, z, to_time(time), segment_ids, positions)
+  read = _reader(config, positions)
+  return lambda z, time: model.apply(
+    {"params": network}, read(z), to_time(time), segment_ids, positions
+  )
 
 
 def sequence_nats(
@@ -143,6 +175,7 @@ def sequence_nats(
   draws: Optional[dict] = None,
   hidden: Optional[jax.Array] = None,
   mask_rates: Optional[tuple] = None,
+  attention_mask: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
@@ -151,7 +184,7 @@ def sequence_nats(
   batch is split (`bounds.nelbo`). draws ({"t": [B], "masked": [B, L]}, mdm) replay
   given times and masks instead of drawing them (`bounds.nelbo`). hidden [B, L] (mdm): non-editable
   positions the network sees masked. mask_rates (β, ω): BD3-LM's clipped schedule
-  (`bounds.nelbo`).
+  (`bounds.nelbo`). attention_mask [L, L] (mdm): the network's extra attention pattern.
   """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
   editable = batch["editable"].astype(bool)
@@ -159,10 +192,7 @@ def sequence_nats(
   if config.model.type == "ar":
     if draws is not None:
       raise ValueError("draws replay a diffusion loss's times and masks; the ar model has none.")
-    # Each document starts from BOS: a packed document never reads its predecessor's end.
-    inputs = ar_inputs(tokens, vocab_size)
-    if positions is not None:
-      inputs = jnp.where(positions == 0, vocab_size, inputs)
+    inputs = ar_inputs(tokens, vocab_size, positions)
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
   block_size = model.block_size or None
@@ -185,7 +215,7 @@ def sequence_nats(
     )
   return bounds.nelbo(
     key,
-    denoiser(model, params, batch, hidden),
+    denoiser(model, params, batch, hidden, config=config, attention_mask=attention_mask),
     tokens,
     schedule_of(params, config),
     mask_id=vocab_size,
@@ -214,11 +244,13 @@ def training_loss(
   row_index: jax.Array,
   num_rows: int,
   draws: Optional[dict] = None,
+  attention_mask: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """(loss to differentiate [B], NELBO draw [B]): equal in value; for a learned schedule the
   first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`).
   draws: replayed times and masks (`sequence_nats`). With training.prompt_dropout p, each row's
-  prompt is hidden from the network with probability p (`dropped_prompts`)."""
+  prompt is hidden from the network with probability p (`dropped_prompts`). attention_mask
+  [L, L]: the network's extra attention pattern (`adaptation.annealed_attention`)."""
   hidden = None
   if config.training.prompt_dropout > 0:
     key, dropout_key = jax.random.split(key)
@@ -237,13 +269,14 @@ def training_loss(
       draws=draws,
       hidden=hidden,
       mask_rates=training_mask_rates(config),
+      attention_mask=attention_mask,
     )
     return nats, nats
   if draws is not None:
     raise ValueError("draws replay a mask-rate schedule's training loss, not a learned schedule's.")
   nats, surrogate = bounds.nelbo_surrogate(
     key,
-    denoiser(model, params, batch, hidden),
+    denoiser(model, params, batch, hidden, config=config, attention_mask=attention_mask),
     batch["tokens"],
     schedule_of(params, config),
     mask_id=config.data.vocab_size,

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from md4jax.runtime import sharding
-from md4jax.training import checkpoint, metrics_writer, objective, preemption
+from md4jax.training import adaptation, checkpoint, metrics_writer, objective, preemption
 from md4jax.training import state as state_lib
 
 TrainState = state_lib.TrainState
@@ -91,6 +91,7 @@ def train_step(
   """
   key = jax.random.fold_in(state.rng, state.step)
   num_rows = batch["tokens"].shape[0]
+  attention_mask = adaptation.annealed_attention(key, state.step, config)  # None: not annealed.
 
   def total_nats(
     params, rows: dict, row_index: jax.Array, row_draws
@@ -105,6 +106,7 @@ def train_step(
       row_index=row_index,
       num_rows=num_rows,
       draws=row_draws,
+      attention_mask=attention_mask,
     )
     return loss.sum(), nats.sum()
 
