@@ -43,10 +43,9 @@ METHODS = [
 ]
 
 
-@pytest.mark.parametrize("method,kwargs", METHODS, ids=[m for m, _ in METHODS])
-def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
-  model, params = network
-  common = dict(
+def _prompted(method, **kwargs) -> dict:
+  """8 samples of 16 tokens in blocks of BLOCK after a 5-token prompt (it reaches into block 1)."""
+  return dict(
     batch_size=8,
     length=16,
     block_size=BLOCK,
@@ -56,6 +55,12 @@ def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
     prompt=jnp.asarray([1, 2, 3, 4, 5], jnp.int32),
     **kwargs,
   )
+
+
+@pytest.mark.parametrize("method,kwargs", METHODS, ids=[m for m, _ in METHODS])
+def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
+  model, params = network
+  common = _prompted(method, **kwargs)
   key = jax.random.PRNGKey(3)
   reference, info = block_sampler.sample_blocks(
     key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
@@ -79,17 +84,7 @@ def test_guided_cached_tokens_equal_the_guided_reference(network, method, kwargs
   # cache must hold block 0 computed with the prompt masked.
   model, sharp = network
   params = jax.tree.map(lambda p: p / 3.0, sharp)  # The init's: sharp logits hide guidance.
-  common = dict(
-    batch_size=8,
-    length=16,
-    block_size=BLOCK,
-    schedule=schedules.get_schedule("linear"),
-    mask_id=MASK_ID,
-    method=method,
-    prompt=jnp.asarray([1, 2, 3, 4, 5], jnp.int32),
-    guidance_scale=1.5,
-    **kwargs,
-  )
+  common = _prompted(method, guidance_scale=1.5, **kwargs)
   key = jax.random.PRNGKey(3)
   reference, _ = block_sampler.sample_blocks(
     key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
