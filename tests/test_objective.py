@@ -120,3 +120,31 @@ def test_a_network_conditioned_on_t_gets_t():
     objective.sampling_denoiser(model, params, config)(z, alpha),
     model.apply({"params": params}, z, alpha),
   )
+
+
+def test_the_samplers_denoiser_repeats_a_rows_layout_for_guidance():
+  """sampling_denoiser with segment_ids and positions of B rows serves a call on 2B rows (the
+  guided doubled batch): each half reads the same layout, as each row alone would."""
+  config = config_lib.load_config("tiny")
+  model = state_lib.build_model(config)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, config.data.seq_len), jnp.int32))[
+    "params"
+  ]
+  length = config.data.seq_len
+  segments = jnp.asarray([[1] * (length - 3) + [0] * 3, [1] * length], jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length), (2, length))
+  z = jax.random.randint(jax.random.PRNGKey(1), (4, length), 0, config.data.vocab_size + 1)
+  got = objective.sampling_denoiser(model, params, config, segments, positions)(z, jnp.ones(4))
+  for half in (0, 2):  # Equal up to float reassociation across batch sizes.
+    np.testing.assert_allclose(
+      got[half : half + 2],
+      objective.sampling_denoiser(model, params, config, segments, positions)(
+        z[half : half + 2], jnp.ones(2)
+      ),
+      rtol=1e-5,
+      atol=1e-6,
+    )
+  padded_alone = model.apply({"params": params}, z[:1], None, segments[:1], positions[:1])
+  np.testing.assert_allclose(got[:1], padded_alone, rtol=1e-5, atol=1e-6)
+  unpadded = model.apply({"params": params}, z[:1], None, segments[1:], positions[1:])
+  assert np.abs(got[:1] - unpadded).max() > 1e-3  # The padding layout mattered.

@@ -100,8 +100,11 @@ def denoiser(
   network = network_params(params)
   shown = _hide(hidden, model.vocab_size)
   read = _reader(config, positions)
+  # Only a pattern is passed on: any model with apply(variables, z, time, segments, positions)
+  # serves (the exact oracle too).
+  extra = {} if attention_mask is None else {"attention_mask": attention_mask}
   return lambda z_t, time: model.apply(
-    {"params": network}, read(shown(z_t)), time, segments, positions, attention_mask=attention_mask
+    {"params": network}, read(shown(z_t)), time, segments, positions, **extra
   )
 
 
@@ -154,10 +157,24 @@ def sampling_denoiser(
   network = network_params(params)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
   to_time = bounds.time_argument(schedule, time_input)
-  read = _reader(config, positions)
-  return lambda z, time: model.apply(
-    {"params": network}, read(z), to_time(time), segment_ids, positions
-  )
+
+  def rows_of(z, layout):
+    """layout [B', L] repeated to z's rows: guidance calls on [z; z with the prompt masked]."""
+    if layout is None or layout.shape[0] == z.shape[0]:
+      return layout
+    return jnp.tile(layout, (z.shape[0] // layout.shape[0], 1))
+
+  def denoise_fn(z, time):
+    layout = rows_of(z, positions)
+    return model.apply(
+      {"params": network},
+      _reader(config, layout)(z),
+      to_time(time),
+      rows_of(z, segment_ids),
+      layout,
+    )
+
+  return denoise_fn
 
 
 def sequence_nats(
