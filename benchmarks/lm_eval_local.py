@@ -9,7 +9,6 @@ line: what the md4jax model's lm-eval numbers read against (docs/lm_eval.md).
 """
 
 import json
-import pathlib
 
 from absl import app, flags
 
@@ -26,9 +25,7 @@ flags.mark_flags_as_required(["workdir", "out"])
 
 def main(argv):
   del argv
-  config = config_lib.base_config()
-  saved = json.loads((pathlib.Path(_WORKDIR.value) / "config.json").read_text())
-  config.data.update(saved["data"])
+  config = config_lib.workdir_config(_WORKDIR.value, "--workdir")
   if config.data.dataset != "markov":
     raise app.UsageError(f"{_WORKDIR.value} models {config.data.dataset!r}, not 'markov'.")
   exact = harness_tasks.write_tasks(

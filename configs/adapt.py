@@ -14,7 +14,6 @@ annealed from causal to bidirectional over the first ANNEAL_STEPS steps. Overrid
 on the command line, e.g. --config.training.attention_anneal_steps=0.
 """
 
-import json
 import pathlib
 
 from md4jax import config_lib
@@ -24,13 +23,7 @@ ANNEAL_STEPS = 200
 
 
 def get_config(workdir: str):
-  path = pathlib.Path(workdir) / "config.json"
-  if not path.is_file():
-    raise ValueError(
-      f"{path} does not exist: configs/adapt.py:PATH names an ar workdir that md4jax trained "
-      "or converted (python -m md4jax.convert)."
-    )
-  config = config_lib.from_saved(json.loads(path.read_text(encoding="utf-8")))
+  config = config_lib.workdir_config(workdir, "configs/adapt.py:PATH")
   if config.model.type != "ar":
     raise ValueError(
       f"{workdir} holds a model.type={config.model.type!r} model; configs/adapt.py adapts an "

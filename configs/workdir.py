@@ -9,17 +9,8 @@ Keys may still be overridden on the command line; those that decide what the che
 (config_lib.CHECKPOINT_KEYS) must keep their saved values. docs/convert.md.
 """
 
-import json
-import pathlib
-
 from md4jax import config_lib
 
 
 def get_config(workdir: str):
-  path = pathlib.Path(workdir) / "config.json"
-  if not path.is_file():
-    raise ValueError(
-      f"{path} does not exist: configs/workdir.py:PATH names a workdir that md4jax trained or "
-      "converted (python -m md4jax.convert)."
-    )
-  return config_lib.from_saved(json.loads(path.read_text(encoding="utf-8")))
+  return config_lib.workdir_config(workdir, "configs/workdir.py:PATH")

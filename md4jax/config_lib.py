@@ -17,6 +17,7 @@ it: the preset's value wins there.)
 
 import functools
 import importlib.util
+import json
 import pathlib
 from typing import Iterable
 
@@ -206,6 +207,18 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
 
   merge(config, saved, "")
   return config
+
+
+def workdir_config(path, role: str) -> ml_collections.ConfigDict:
+  """The config the workdir `path` saved (its config.json, `from_saved`); ValueError naming
+  `role` (what named the path, e.g. "training.init_from") when there is none."""
+  config_json = pathlib.Path(path) / "config.json"
+  check(
+    config_json.is_file(),
+    f"{role}={str(path)!r}: no config.json there; name a workdir md4jax trained or converted "
+    "(python -m md4jax.convert).",
+  )
+  return from_saved(json.loads(config_json.read_text(encoding="utf-8")))
 
 
 # Keys that decide what a checkpoint holds (its params' shapes, its vocabulary, the data and

@@ -175,11 +175,7 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   """Writes the Hugging Face folder `out` of the workdir's newest checkpoint; returns its
   config.json."""
   workdir = workdir_lib.as_workdir(workdir)
-  if not workdir.config_json.is_file():
-    raise FileNotFoundError(
-      f"No config.json in {workdir}: give a workdir md4jax trained or converted."
-    )
-  config = config_lib.from_saved(json.loads(workdir.config_json.read_text(encoding="utf-8")))
+  config = config_lib.workdir_config(workdir.root, "--in")
   options = md4jax_options(config)
   hf_config_path = workdir.root / HF_CONFIG_FILE
   base = json.loads(hf_config_path.read_text()) if hf_config_path.is_file() else None

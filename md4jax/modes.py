@@ -57,7 +57,14 @@ class Run:
     self.restored_step: Optional[int] = None
     self.loop_state: dict = {"window": []}
     if restored is None:  # A fresh run: a random init, or training.init_from's params.
-      self.state = adaptation.initial_state(config, self.model, self.optimizer, self.mesh)
+      init_from = config.training.init_from
+      self.state = adaptation.initial_state(
+        config,
+        self.model,
+        self.optimizer,
+        self.mesh,
+        config_lib.workdir_config(init_from, "training.init_from") if init_from else None,
+      )
     else:
       self.restored_step, self.state, self.loop_state = (
         restored.step,

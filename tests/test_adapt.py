@@ -132,7 +132,8 @@ def test_init_from_starts_a_fresh_mdm_run_at_the_ar_ema(tmp_path):
   config_lib.validate_config(config, num_devices=1)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   lines = []
-  state = adaptation.initial_state(config, model, optimizer, mesh, log=lines.append)
+  source_config = config_lib.workdir_config(config.training.init_from, "training.init_from")
+  state = adaptation.initial_state(config, model, optimizer, mesh, source_config, lines.append)
   assert (
     int(state.step) == 0 and "step 7" in lines[-1] and "model.type 'ar', now 'mdm'" in lines[-1]
   )
@@ -151,19 +152,26 @@ def test_adaptation_errors_name_the_key(tmp_path):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), sharding.MESH_AXES)
   with pytest.raises(ValueError, match="training.init_from=.*missing.*no config.json there"):
-    adaptation.initial_state(config, model, optimizer, mesh)
+    config_lib.workdir_config(config.training.init_from, "training.init_from")
   wider = _ar_config()
   wider.model.model_dim = 64
   _saved_workdir(tmp_path / "wide", wider)
   config.training.init_from = str(tmp_path / "wide")
   with pytest.raises(ValueError, match=r"do not fit this model .*\(64,"):
-    adaptation.initial_state(config, model, optimizer, mesh)
+    adaptation.initial_state(config, model, optimizer, mesh, wider)
+  _saved_workdir(tmp_path / "unreadable", _ar_config())
+  (tmp_path / "unreadable" / "checkpoints" / "7").rename(
+    tmp_path / "unreadable" / "checkpoints" / "x"
+  )
+  config.training.init_from = str(tmp_path / "unreadable")
+  with pytest.raises(ValueError, match="training.init_from=.*unreadable.*no readable checkpoint"):
+    adaptation.initial_state(config, model, optimizer, mesh, _ar_config())
   mdm = config_lib.load_config("tiny")
   (tmp_path / "mdm").mkdir()
   (tmp_path / "mdm" / "config.json").write_text(mdm.to_json_best_effort())
   with pytest.raises(ValueError, match="holds a model.type='mdm' model; configs/adapt.py adapts"):
     config_lib.load_config(f"adapt:{tmp_path / 'mdm'}")
-  with pytest.raises(ValueError, match="config.json does not exist"):
+  with pytest.raises(ValueError, match=r"configs/adapt.py:PATH='.*missing': no config.json there"):
     config_lib.load_config(f"adapt:{tmp_path / 'missing'}")
 
 

@@ -340,8 +340,8 @@ CASES = [
   ),
   Case(
     "judge folder that is no workdir",
-    r"eval.judge_workdir='.*' has no config.json; point it at a "
-    r"workdir trained by md4jax",
+    r"eval.judge_workdir='.*': no config.json there; name a workdir md4jax trained or "
+    r"converted",
     mode="eval",
     overrides={"eval__judge_workdir": "/nonexistent"},
   ),

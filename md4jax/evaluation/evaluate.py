@@ -15,7 +15,6 @@ perplexity can just be low entropy.
 """
 
 import functools
-import json
 import math
 from typing import Optional
 
@@ -313,13 +312,7 @@ def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict
 def load_judge(judge_workdir, mesh):
   """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
   workdir = workdir_lib.Workdir(judge_workdir)
-  config_path = workdir.config_json
-  if not config_path.is_file():
-    raise FileNotFoundError(
-      f"eval.judge_workdir={judge_workdir!r} has no config.json; "
-      "point it at a workdir trained by md4jax."
-    )
-  config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  config = config_lib.workdir_config(judge_workdir, "eval.judge_workdir")
   if config.model.type != "ar":
     raise ValueError(
       f"The judge in {judge_workdir} is model.type={config.model.type!r}; "

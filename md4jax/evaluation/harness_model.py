@@ -67,19 +67,6 @@ class MarkovCodec:
     return self._source.decode(np.asarray(ids))
 
 
-def _merged(config: ml_collections.ConfigDict, saved: dict, prefix: str = ""):
-  """config with saved's values: a workdir of an older md4jax keeps today's defaults for the
-  keys it did not have."""
-  for name, value in saved.items():
-    if name in config and isinstance(config[name], ml_collections.ConfigDict):
-      if not isinstance(value, dict):
-        raise HarnessError(f"config.json: {prefix}{name} is {value!r}, not a section.")
-      _merged(config[name], value, f"{prefix}{name}.")
-    else:
-      with config.ignore_type():  # JSON has no tuples and writes 1.0 as a float: keep its value.
-        config[name] = value
-
-
 def override(config: ml_collections.ConfigDict, name: str, value):
   """Sets the dotted key `name` (e.g. "sample.num_steps") of config; HarnessError if unknown."""
   *sections, key = name.split(".")
@@ -115,8 +102,10 @@ def load_workdir(path, overrides: dict) -> Loaded:
     saved = json.loads(workdir.config_json.read_text())
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise HarnessError(f"{workdir.config_json} is not JSON: {e}.") from None
-  config = config_lib.base_config()
-  _merged(config, saved)
+  try:  # A workdir of an older md4jax keeps today's defaults for the keys it did not have.
+    config = config_lib.from_saved(saved)
+  except (ValueError, TypeError) as e:
+    raise HarnessError(f"{workdir.config_json}: {e}") from None
   for name, value in overrides.items():
     override(config, name, value)
   config = config_lib.resolve_preset(config)

@@ -14,7 +14,6 @@ p = min(1, s / N), one Bernoulli draw per (i, j) and step, shared by the batch. 
 always bidirectional (the model the run ends with).
 """
 
-import json
 from typing import Optional
 
 import jax
@@ -22,7 +21,6 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from md4jax import config_lib
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
 from md4jax.training import state as state_lib
@@ -50,27 +48,25 @@ def _network_shapes(params) -> dict:
   return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
 
 
-def _source(path: str) -> tuple[workdir_lib.Workdir, ml_collections.ConfigDict]:
-  """The init_from workdir and its config; ValueError naming what is missing."""
-  source = workdir_lib.as_workdir(path)
-  name = f"training.init_from={path!r}"
-  if not source.config_json.is_file():
-    raise ValueError(f"{name}: no config.json there; name a workdir md4jax trained or converted.")
-  if not source.checkpoints.is_dir() or not any(source.checkpoints.iterdir()):
-    raise ValueError(f"{name}: no checkpoint in {source.checkpoints} to start from.")
-  saved = json.loads(source.config_json.read_text(encoding="utf-8"))
-  return source, config_lib.from_saved(saved)
-
-
 def initial_state(
-  config: ml_collections.ConfigDict, model, optimizer, mesh: Mesh, log=print
+  config: ml_collections.ConfigDict,
+  model,
+  optimizer,
+  mesh: Mesh,
+  source_config: Optional[ml_collections.ConfigDict] = None,
+  log=print,
 ) -> state_lib.TrainState:
   """Step 0 of a fresh run: the random init, or training.init_from's EMA params (sharded as
-  the run's state)."""
+  the run's state). source_config: the init_from workdir's config, which the caller reads
+  (config_lib.workdir_config; the training layer reads no config files)."""
   if not config.training.init_from:
     return state_lib.init_state(config, model, optimizer, mesh)
   path = config.training.init_from
-  source, source_config = _source(path)
+  if source_config is None:
+    raise ValueError(f"training.init_from={path!r}: pass its config (config_lib.workdir_config).")
+  source = workdir_lib.as_workdir(path)
+  if not source.checkpoints.is_dir() or not any(source.checkpoints.iterdir()):
+    raise ValueError(f"training.init_from={path!r}: no checkpoint in {source.checkpoints}.")
   target = state_lib.abstract_state(config, model, optimizer, mesh)
   source_model = state_lib.build_model(source_config)
   source_optimizer = state_lib.make_optimizer(source_config)
@@ -88,6 +84,10 @@ def initial_state(
   restored = checkpoint.restore(
     checkpoint.make_manager(source, 1), abstract, log=lambda line: log(f"init_from: {line}")
   )
+  if restored is None:
+    raise ValueError(
+      f"training.init_from={path!r}: no readable checkpoint in {source.checkpoints}."
+    )
   params = objective.network_params(restored.state.ema_params)
   state = state_lib.state_from_params(config, optimizer, params)
   state = jax.device_put(state, state_lib.state_shardings(target))
