@@ -50,6 +50,14 @@ def _validate_sample(config: ml_collections.ConfigDict):
     f"sample.guidance_scale must be >= 0, got {config.sample.guidance_scale}.",
   )
   check(
+    config.sample.guidance_scale == 0
+    or (config.sample.length or data.seq_len) <= data.seq_len
+    or 0 < config.diffusion.block_size < data.seq_len,
+    "sample.guidance_scale with sample.length > data.seq_len: the windows past the context "
+    "hold no prompt to contrast with; guided generation past the context is block "
+    "diffusion's (diffusion.block_size).",
+  )
+  check(
     config.sample.guidance_scale == 0 or config.sample.prompt,
     "sample.guidance_scale needs sample.prompt: guidance contrasts the prompt with the prompt "
     "masked.",

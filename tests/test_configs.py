@@ -200,6 +200,10 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(cpu_devices=-2), r"cpu_devices must be an integer >= 0 \(0 = one device\), got -2"),
     (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
     (dict(sample__cache="triple"), r"sample.cache='triple' is unknown"),
+    (
+      dict(sample__guidance_scale=1.0, sample__prompt="1", sample__length=40),
+      r"sample.guidance_scale with sample.length > data.seq_len",
+    ),
     (dict(training__mask_rates="0.5,0.2"), r"training.mask_rates must be \"\" or \"β,ω\""),
     (dict(training__mask_rates="low"), r"training.mask_rates must be"),
     (

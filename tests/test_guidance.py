@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import block_sampler, samplers
+from md4jax.sampling import block_sampler, blockwise, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -167,5 +167,22 @@ def test_guidance_needs_a_prompt(language):
       mask_id=MASK_ID,
       schedule=schedules.get_schedule("linear"),
       method="first_hitting",
+      guidance_scale=1.0,
+    )
+
+
+def test_guidance_past_the_context_is_refused_without_blocks(language):
+  # The windows after the first clamp generated text, not the prompt.
+  with pytest.raises(ValueError, match="guidance_scale past the context"):
+    blockwise.generate_semi_autoregressive(
+      jax.random.PRNGKey(0),
+      language.denoise_fn(MASK_ID),
+      batch_size=2,
+      total_length=2 * LENGTH,
+      context_length=LENGTH,
+      block_length=LENGTH // 2,
+      schedule=schedules.get_schedule("linear"),
+      mask_id=MASK_ID,
+      prompt=jnp.asarray([1, 2]),
       guidance_scale=1.0,
     )

@@ -45,6 +45,12 @@ def generate_semi_autoregressive(
     )
   if total_length < 1:
     raise ValueError(f"total_length must be >= 1, got {total_length}.")
+  if sample_kwargs.get("guidance_scale") and total_length > context_length:
+    # A later window's clamped prefix is generated text, not the prompt guidance contrasts.
+    raise ValueError(
+      "guidance_scale past the context: the later windows hold no prompt to contrast with "
+      "(block diffusion's sampler guides past the context)."
+    )
   window = min(context_length, total_length)
   prefix = jnp.zeros((batch_size, 0), jnp.int32)
   if prompt is not None:
