@@ -2,8 +2,9 @@ r"""The sampler leaderboard: every sampler and setting scored by its exact-law e
 a plot and JSON.
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default   # ~1.5 min
+  python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
-      --output=docs/results/sampler_leaderboard.md
+      --bd3_workdir=/tmp/md4jax_default_bd3 --output=docs/results/sampler_leaderboard.md
 
 On the generated language of configs/default.py the true law is known, so a sample's
 excess — mean −log2 p(sample) per token minus the true entropy per token, ± SE over samples —
@@ -16,6 +17,10 @@ seconds per sample (after one compile run, on this machine).
 Fast-dLLM's approximate caches (`sample.cache`) decode block by block with the trained network
 only (the oracle has no keys and values): "none" is the exact block-wise decoding they
 approximate, so each cache's cost is its excess minus that of "none" at the same setting.
+
+Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of 16 tokens one
+after another, each by a method of `sample`: with the oracle through the reference sampler,
+with the block-causal network through its exact KV cache.
 """
 
 import json
@@ -29,7 +34,7 @@ from absl import app, flags
 
 from md4jax import config_lib, modes
 from md4jax.diffusion import groundtruth
-from md4jax.sampling import prefix_cache, samplers
+from md4jax.sampling import block_sampler, prefix_cache, samplers
 from md4jax.training import objective
 
 _WORKDIR = flags.DEFINE_string(
@@ -37,6 +42,9 @@ _WORKDIR = flags.DEFINE_string(
 )
 _OUTPUT = flags.DEFINE_string(
   "output", None, "Markdown file to write (a .png and .json beside it)."
+)
+_BD3_WORKDIR = flags.DEFINE_string(
+  "bd3_workdir", None, "A trained configs/default.py:bd3 run: block diffusion's rows (optional)."
 )
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 512, "Samples per setting (one batch).")
 _SEED = flags.DEFINE_integer("seed", 1, "Sampling key.")
@@ -78,14 +86,31 @@ SETTINGS = (
     for cache in prefix_cache.CACHES
   ]
 )
+# Block diffusion (configs/default.py:bd3): its block size, each block by one of `sample`'s methods.
+BD3_SETTINGS = [
+  (f"block diffusion b=16, ancestral T={t}", dict(method="ancestral", num_steps=t))
+  for t in (16, 64)
+] + [
+  ("block diffusion b=16, first_hitting", dict(method="first_hitting")),
+  ("block diffusion b=16, confidence T=16", dict(method="confidence", num_steps=16)),
+]
 
 
-def _score(language, denoise_fn, schedule, config, kwargs, network=None):
-  """The excess of one setting; a cache setting runs network = (model, params) instead."""
+def _score(language, denoise_fn, schedule, config, kwargs, network=None, block_size=0):
+  """The excess of one setting; a cache setting runs network = (model, params) instead, and
+  block_size > 0 block diffusion's sampler (cached where network is given)."""
   length, vocab_size, n = config.data.seq_len, config.data.vocab_size, _NUM_SAMPLES.value
   common = dict(batch_size=n, length=length, schedule=schedule, mask_id=vocab_size)
   if "cache" in kwargs:
     run = lambda key: prefix_cache.sample_with_cache(key, *network, **common, **kwargs)
+  elif block_size and network is not None:
+    run = lambda key: block_sampler.sample_blocks_cached(
+      key, *network, block_size=block_size, context_length=length, **common, **kwargs
+    )
+  elif block_size:
+    run = lambda key: block_sampler.sample_blocks(
+      key, denoise_fn, block_size=block_size, **common, **kwargs
+    )
   else:
     run = jax.jit(lambda key: samplers.sample(key, denoise_fn, **common, **kwargs))
   jax.block_until_ready(run(jax.random.PRNGKey(0)))
@@ -156,6 +181,30 @@ def _plot(rows, path):
   figure.savefig(path, dpi=120)
 
 
+def _block_diffusion_rows(language, oracle) -> list:
+  config = config_lib.load_config("default:bd3")
+  run = modes.Run(config, _BD3_WORKDIR.value)
+  if run.restored_step is None:
+    raise SystemExit(f"No checkpoint in {_BD3_WORKDIR.value}: train configs/default.py:bd3 first.")
+  params, block_size = run.state.ema_params, config.diffusion.block_size
+  schedule, rows = objective.schedule_of(params, config), []
+  for label, kwargs in BD3_SETTINGS:
+    network = (run.model, params)
+    rows.append(
+      {
+        "label": label,
+        **kwargs,
+        "oracle": _score(language, oracle, schedule, config, kwargs, block_size=block_size),
+        "trained": _score(
+          language, None, schedule, config, kwargs, network=network, block_size=block_size
+        ),
+        "trained_step": run.restored_step,
+      }
+    )
+    print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
 def main(argv):
   del argv
   config = config_lib.load_config("default")
@@ -180,6 +229,8 @@ def main(argv):
       }
     )
     print(json.dumps(rows[-1]), flush=True)
+  if _BD3_WORKDIR.value:
+    rows += _block_diffusion_rows(language, oracle)
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     output = pathlib.Path(_OUTPUT.value)
