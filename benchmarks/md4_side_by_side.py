@@ -142,6 +142,13 @@ def score(config, model, params, source, mesh) -> dict:
   }
 
 
+def train_curve(losses) -> dict:
+  """The training loss (bits/token) averaged over the last 50 steps, and over each 100 steps:
+  when a run leaves the unigram plateau."""
+  chunks = [float(np.mean(losses[i : i + 100])) for i in range(0, len(losses), 100)]
+  return {"train_bits_last50": float(np.mean(losses[-50:])), "train_bits_per_100": chunks}
+
+
 GAP_STEPS = (1, 10, 30, 60, 90, 120, 150, 200, 250, 300, 500, 1000)
 
 
@@ -177,7 +184,7 @@ def train_md4jax(
   scores = {"raw": score(config, model, state.params, source, mesh)}
   if with_ema:
     scores["ema"] = score(config, model, state.ema_params, source, mesh)
-  result = {**scores, "train_bits_last50": float(np.mean(losses[-50:])), "train_seconds": seconds}
+  result = {**scores, **train_curve(losses), "train_seconds": seconds}
   if md4_run is not None:
     gaps = np.abs(np.asarray(losses) - np.asarray(md4_run["losses"]))
     result["max_step_gap_to_md4"] = float(gaps.max())  # Bits per token, over every step.
@@ -243,7 +250,7 @@ def train_md4(data_path, batches, source, mesh) -> dict:
   model_lib = state_lib.build_model(config)
   result = {
     "raw": score(config, model_lib, as_md4jax(final.params), source, mesh),
-    "train_bits_last50": float(np.mean(losses[-50:])),
+    **train_curve(losses),
     "train_seconds": seconds,
   }
   return result, {"init": init, "draws": draws, "losses": losses}
