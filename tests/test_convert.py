@@ -2,11 +2,14 @@
 
 The golden folders (tests/golden/make_hf_golden.py, run with transformers and torch, which this
 test does not need) hold tiny random models with grouped-query attention: Llama untied in
-bfloat16, Qwen2 tied with its q/k/v biases in float32, each with its causal logits.
+bfloat16, Qwen2 tied with its q/k/v biases in float32, each with its causal logits. The
+equal-heads path (md4jax's fused qkv) is checked on the same folders with each key/value head
+repeated, which computes the same logits.
 """
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -84,6 +87,44 @@ def test_round_trip_is_bit_exact(tmp_path, name):
   convert.import_hf(tmp_path / "out", tmp_path / "again")
   first, again = restored_params(tmp_path / "in")[2], restored_params(tmp_path / "again")[2]
   jax.tree.map(np.testing.assert_array_equal, first.params, again.params)
+
+
+def _equal_heads_folder(name, folder):
+  """The golden folder with each key/value head repeated H / Hkv times (num_key_value_heads = H):
+  grouped-query attention reads query head h against key/value head h // (H / Hkv), so the
+  repeated heads compute the same function, through md4jax's fused qkv path."""
+  hf = json.loads((GOLDEN / name / "config.json").read_text())
+  heads, kv_heads = hf["num_attention_heads"], hf["num_key_value_heads"]
+  assert heads > kv_heads  # Else there would be nothing to repeat.
+  tensors = hf_folder.read_weights(GOLDEN / name)
+  for key in [k for k in tensors if re.search(r"\.[kv]_proj\.(weight|bias)$", k)]:
+    value = tensors[key]
+    grouped = value.reshape(kv_heads, -1, *value.shape[1:])  # [Hkv, Dh(, D)]
+    tensors[key] = np.repeat(grouped, heads // kv_heads, axis=0).reshape(-1, *value.shape[1:])
+  folder.mkdir()
+  hf_folder.write_safetensors(folder / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})
+  (folder / "config.json").write_text(json.dumps({**hf, "num_key_value_heads": heads}))
+  shutil.copy(GOLDEN / name / hf_folder.TOKENIZER_FILE, folder)
+  return {**hf, "num_key_value_heads": heads}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_equal_heads_convert_through_the_fused_qkv(tmp_path, name):
+  hf = _equal_heads_folder(name, tmp_path / "hf")
+  convert.import_hf(tmp_path / "hf", tmp_path / "in")
+  config, model, state = restored_params(tmp_path / "in")
+  assert config.model.num_kv_heads == 0
+  attn = state.ema_params["block_0"]["attn"]
+  assert sorted(attn) == ["out", "qkv"] and attn["qkv"]["kernel"].shape == (64, 3, 4, 16)
+  assert ("bias" in attn["qkv"]) == (name == "hf_qwen2")  # [3, H, Dh] for Qwen2.
+  golden = np.load(GOLDEN / name / "logits.npz")
+  logits = np.asarray(model.apply({"params": state.ema_params}, jnp.asarray(golden["token_ids"])))
+  scale = np.abs(golden["logits"]).max()  # As test_converted_logits_equal_transformers.
+  np.testing.assert_allclose(logits, golden["logits"], rtol=1e-4, atol=1e-5 * scale)
+  exported = convert.export_hf(tmp_path / "in", tmp_path / "out", log=lambda _: None)
+  weights = hf_folder.WEIGHTS_FILE
+  assert (tmp_path / "out" / weights).read_bytes() == (tmp_path / "hf" / weights).read_bytes()
+  assert exported == {**hf, "head_dim": 16}
 
 
 def test_transformers_4_config_fields_read_alike():
