@@ -323,9 +323,28 @@ def test_a_block_diffusion_workdir_scores_and_samples_block_by_block(language, t
   blocks = harness.Md4jaxLM(workdir=saved_init(config, tmp_path), draws=2, batch_size=8)
   rows = sequences(language, 2, 10, seed=11)
   results = blocks.loglikelihood(pairs(rows, 5))
-  assert all(np.isfinite(ll) and ll < 0 for ll, _ in results)
+  # md4jax's block NELBO (objective.sequence_nats of the block config) of the same padded rows
+  # and the same draws: the rows' keys from their row_ids, whatever the batch.
+  tokens = np.zeros((2, SEQ_LEN), np.int32)
+  tokens[:, :10] = rows
+  editable = np.broadcast_to((np.arange(SEQ_LEN) >= 5) & (np.arange(SEQ_LEN) < 10), tokens.shape)
+  batch = harness_model.batch_of(tokens, editable, np.full(2, 10))
+  row_index = jnp.asarray([harness_model.row_id(r, e[:10]) for r, e in zip(rows, editable)])
+  key = rng.stream(0, harness_model.KEY_STREAM)
+  draws = md4jax_draws(blocks, batch, [jax.random.fold_in(key, k) for k in range(2)], row_index)
+  assert blocks.loaded.model.block_size == 4 and draws.std(0).min() > 0  # Two different draws.
+  np.testing.assert_allclose([-ll for ll, _ in results], draws.mean(0), rtol=1e-5, atol=1e-5)
   (generated,) = blocks.generate_until([request("generate_until", "1 2 3", {"max_gen_toks": 7})])
   assert len(generated.split()) == 7
+  guided = harness.Md4jaxLM(
+    loaded=blocks.loaded,
+    **{"config.sample.guidance_scale": 1.0, "config.sample.prompt": "1"},  # A prompt: validation.
+    batch_size=8,
+  )
+  assert len(guided.generate_until([request("generate_until", "1 2", {"max_gen_toks": 3})])) == 1
+  with pytest.raises(harness.HarnessError, match="an empty context") as raised:
+    guided.generate_until([request("generate_until", "", {"max_gen_toks": 3})])
+  assert "\n" not in str(raised.value)
 
 
 def test_text_pairs_split_at_word_boundaries_and_generation_ends_at_eos(lm):

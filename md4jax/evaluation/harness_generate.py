@@ -143,6 +143,13 @@ class Generator:
 
   def _block_diffusion(self, context, n: int, repeat: int, temperature: float) -> np.ndarray:
     """n tokens after the context, block after block with the exact KV cache."""
+    kwargs = self.sampler_kwargs(temperature)
+    if kwargs["guidance_scale"] and not len(context):
+      raise harness_model.HarnessError(
+        f"generate_until with an empty context and sample.guidance_scale="
+        f"{kwargs['guidance_scale']}: guidance contrasts the context with the context masked, "
+        "and block diffusion's sampler needs one; use sample.guidance_scale=0 for such tasks."
+      )
     block_size = self.loaded.model.block_size
     length = math.ceil((len(context) + n) / block_size) * block_size
     scored = np.arange(length) >= len(context)
@@ -158,6 +165,6 @@ class Generator:
       block_size=block_size,
       context_length=self.config.data.seq_len,
       prompt=np.asarray(context, np.int32) if len(context) else None,
-      **self.sampler_kwargs(temperature),
+      **kwargs,
     )
     return np.asarray(sharding.to_host(tokens))[0, len(context) : len(context) + n]
