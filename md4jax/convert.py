@@ -182,14 +182,10 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   if dtype_name is None:
     saved = [base[k] for k in ("dtype", "torch_dtype") if base and base.get(k) in hf_folder.DTYPES]
     dtype_name = saved[0] if saved else "float32"
-  if not workdir.checkpoints.is_dir():
-    raise FileNotFoundError(f"No checkpoints in {workdir}.")
   mesh = Mesh(np.asarray([_cpu()]).reshape(1, 1, 1), sharding.MESH_AXES)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
-  restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
-  if restored is None:
-    raise FileNotFoundError(f"No checkpoint in {workdir.checkpoints}.")
+  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
+  restored = checkpoint.restore_workdir(workdir, abstract, f"--in={str(workdir.root)!r}", log)
   params = restored.state.ema_params if which == "ema" else restored.state.params
   params = jax.device_get(objective.network_params(params))
   tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name])

@@ -4,6 +4,7 @@ the one-line errors."""
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -204,8 +205,12 @@ def test_adaptation_errors_name_the_key(tmp_path):
     tmp_path / "unreadable" / "checkpoints" / "x"
   )
   config.training.init_from = str(tmp_path / "unreadable")
-  with pytest.raises(ValueError, match="training.init_from=.*unreadable.*no readable checkpoint"):
+  with pytest.raises(checkpoint.CheckpointError, match="init_from=.*unreadable.*: no checkpoint"):
     adaptation.initial_state(config, model, optimizer, mesh, _ar_config())
+  shutil.rmtree(tmp_path / "unreadable" / "checkpoints")
+  with pytest.raises(checkpoint.CheckpointError, match="init_from=.*unreadable.*: no checkpoint"):
+    adaptation.initial_state(config, model, optimizer, mesh, _ar_config())
+  assert not (tmp_path / "unreadable" / "checkpoints").exists()  # Never created.
   mdm = config_lib.load_config("tiny")
   (tmp_path / "mdm").mkdir()
   (tmp_path / "mdm" / "config.json").write_text(mdm.to_json_best_effort())

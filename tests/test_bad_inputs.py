@@ -339,6 +339,15 @@ CASES = [
     prepare=_judge(lambda config: None),
   ),
   Case(
+    "judge without checkpoints",
+    r"eval.judge_workdir='.*judge': no checkpoint in .*judge/checkpoints\.$",
+    base="localtext",
+    mode="eval",
+    prepare=_both(
+      _judge(_as_ar_with()), lambda env: shutil.rmtree(env["tmp"] / "judge" / "checkpoints")
+    ),
+  ),
+  Case(
     "judge folder that is no workdir",
     r"eval.judge_workdir='.*': no config.json there; name a workdir md4jax trained or "
     r"converted",

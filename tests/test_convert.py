@@ -184,6 +184,10 @@ def test_other_bad_inputs(tmp_path):
   text.data.path = str(tmp_path / "corpus.txt")
   with pytest.raises(ValueError, match="has 96 ids but the model 90 token rows.*--vocab_size=96"):
     convert.import_hf(GOLDEN / "hf_llama", tmp_path / "trimmed", text, vocab_size=90)
+  shutil.copytree(tmp_path / "done", tmp_path / "emptied")
+  shutil.rmtree(tmp_path / "emptied" / "checkpoints")
+  with pytest.raises(checkpoint.CheckpointError, match=r"--in='.*emptied': no checkpoint in"):
+    convert.export_hf(tmp_path / "emptied", tmp_path / "hf")
   # A model md4jax cannot express in Llama's or Qwen2's terms.
   config = json.loads((tmp_path / "done" / "config.json").read_text())
   config["model"]["norm"] = "layer"

@@ -7,6 +7,7 @@ run offline through lm_eval.simple_evaluate and its command line."""
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -376,6 +377,11 @@ def test_bad_model_args_are_one_line_errors(workdir, tmp_path):
     "max_gen_toks='many'": dict(workdir=str(workdir), max_gen_toks="many"),
     "sample.cache": {"workdir": str(workdir), "config.sample.cache": "prefix"},
   }
+  (tmp_path / "untrained" / "checkpoints").mkdir(parents=True)
+  shutil.copy(workdir / "config.json", tmp_path / "untrained")
+  cases[r"workdir='.*untrained': no checkpoint in .*untrained/checkpoints\.$"] = dict(
+    workdir=str(tmp_path / "untrained")
+  )
   for message, args in cases.items():
     with pytest.raises(harness.HarnessError, match=message) as raised:
       harness.Md4jaxLM(**args)

@@ -28,7 +28,6 @@ from md4jax.data import sources
 from md4jax.diffusion import bounds, schedules
 from md4jax.evaluation import estimates, likelihoods
 from md4jax.runtime import sharding
-from md4jax.runtime import workdir as workdir_lib
 from md4jax.sampling import generate
 from md4jax.training import checkpoint, objective
 from md4jax.training import state as state_lib
@@ -311,7 +310,6 @@ def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict
 # ---- Sample quality under a judge ----
 def load_judge(judge_workdir, mesh):
   """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
-  workdir = workdir_lib.Workdir(judge_workdir)
   config = config_lib.workdir_config(judge_workdir, "eval.judge_workdir")
   if config.model.type != "ar":
     raise ValueError(
@@ -319,10 +317,10 @@ def load_judge(judge_workdir, mesh):
       "generative perplexity needs an exact likelihood, an 'ar' model."
     )
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
-  restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
-  if restored is None:
-    raise FileNotFoundError(f"No checkpoint in {workdir.checkpoints} (the judge).")
+  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
+  restored = checkpoint.restore_workdir(
+    judge_workdir, abstract, f"eval.judge_workdir={str(judge_workdir)!r}"
+  )
   return config, model, restored.state.ema_params
 
 

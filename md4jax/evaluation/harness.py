@@ -26,6 +26,7 @@ from lm_eval.api.registry import register_model
 from md4jax import config_lib
 from md4jax.evaluation import harness_generate, harness_model
 from md4jax.evaluation.harness_model import HarnessError
+from md4jax.training import checkpoint
 
 # Under lm-eval's logger, whose handler its command line sets up: the SE summary shows there.
 logger = logging.getLogger("lm_eval.models.md4jax")
@@ -111,7 +112,8 @@ class Md4jaxLM(LM):
         loaded = harness_model.load_workdir(workdir, overrides)
       else:
         loaded = _with_overrides(loaded, overrides)
-    except (ValueError, FileNotFoundError) as e:  # Config validation, a tokenizer file.
+    # Config validation, a tokenizer file, no readable checkpoint.
+    except (ValueError, FileNotFoundError, checkpoint.CheckpointError) as e:
       raise HarnessError(" ".join(str(e).split())) from None
     self.loaded, self.config = loaded, loaded.config
     self.seq_len = self.config.data.seq_len

@@ -87,7 +87,9 @@ def override(config: ml_collections.ConfigDict, name: str, value):
 
 def load_workdir(path, overrides: dict) -> Loaded:
   """The EMA params of the newest readable checkpoint of the workdir `path`, its config (with
-  `overrides`, dotted key -> value, validated as md4jax.main validates) and its text codec."""
+  `overrides`, dotted key -> value, validated as md4jax.main validates) and its text codec.
+  HarnessError for a path that is no workdir, checkpoint.CheckpointError for one without a
+  readable checkpoint."""
   workdir = workdir_lib.Workdir(path)
   if not workdir.root.is_dir():
     raise HarnessError(f"workdir={str(path)!r} does not exist.")
@@ -113,10 +115,9 @@ def load_workdir(path, overrides: dict) -> Loaded:
   config_lib.validate_config(config, mesh.devices.size, mesh.devices.flat[0].platform)
   model = state_lib.build_model(config)
   abstract = state_lib.abstract_state(config, model, state_lib.make_optimizer(config), mesh)
-  manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
-  restored = checkpoint.restore(manager, abstract, log=logging.warning)
-  if restored is None:
-    raise HarnessError(f"workdir={str(path)!r}: no checkpoint in {workdir.checkpoints}.")
+  restored = checkpoint.restore_workdir(
+    workdir, abstract, f"workdir={str(path)!r}", logging.warning
+  )
   if config.data.dataset == "markov":
     codec = MarkovCodec(config)
   elif workdir.tokenizer.is_file() or not config.data.tokenizer_path:

@@ -65,8 +65,6 @@ def initial_state(
   if source_config is None:
     raise ValueError(f"training.init_from={path!r}: pass its config (config_lib.workdir_config).")
   source = workdir_lib.as_workdir(path)
-  if not source.checkpoints.is_dir() or not any(source.checkpoints.iterdir()):
-    raise ValueError(f"training.init_from={path!r}: no checkpoint in {source.checkpoints}.")
   target = state_lib.abstract_state(config, model, optimizer, mesh)
   source_model = state_lib.build_model(source_config)
   source_optimizer = state_lib.make_optimizer(source_config)
@@ -81,13 +79,9 @@ def initial_state(
       f"training.init_from={path!r}: its params do not fit this model (its shape vs this run's): "
       f"{'; '.join(sorted(differ + only)[:4])}. Keep its model keys (configs/adapt.py does)."
     )
-  restored = checkpoint.restore(
-    checkpoint.make_manager(source, 1), abstract, log=lambda line: log(f"init_from: {line}")
+  restored = checkpoint.restore_workdir(
+    source, abstract, f"training.init_from={path!r}", lambda line: log(f"init_from: {line}")
   )
-  if restored is None:
-    raise ValueError(
-      f"training.init_from={path!r}: no readable checkpoint in {source.checkpoints}."
-    )
   params = objective.network_params(restored.state.ema_params)
   state = state_lib.state_from_params(config, optimizer, params)
   state = jax.device_put(state, state_lib.state_shardings(target))

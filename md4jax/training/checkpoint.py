@@ -180,6 +180,20 @@ def restore(
   return None
 
 
+def restore_workdir(workdir, abstract_state, what: str, log: Callable[[str], None] = print):
+  """`restore` of another run's workdir (a judge, an export, the lm-eval model, init_from): its
+  newest checkpoint that reads back, onto the shardings of `abstract_state`. CheckpointError,
+  one line naming `what` (the setting that named the workdir, e.g. "--in='/w'"), when it holds
+  none; its checkpoints/ is never created."""
+  workdir = workdir_lib.as_workdir(workdir)
+  restored = None
+  if workdir.checkpoints.is_dir():
+    restored = restore(make_manager(workdir, 1), abstract_state, log)
+  if restored is None:
+    raise CheckpointError(f"{what}: no checkpoint in {workdir.checkpoints}.")
+  return restored
+
+
 def _restore_step(manager, step: int, abstract_state) -> Restored:
   items = {"state": ocp.args.StandardRestore(abstract_state), "data": ocp.args.JsonRestore()}
   has_loop = (step_dir(manager, step) / "loop").exists()  # Absent in checkpoints of older versions.
