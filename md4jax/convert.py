@@ -14,10 +14,12 @@ config.json and model.safetensors. What maps to what, the mask row and the limit
 docs/convert.md.
 """
 
+import functools
 import json
 import pathlib
 import shutil
 import sys
+import types
 
 import flax.linen as nn
 import jax
@@ -36,33 +38,46 @@ from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
 from md4jax.training import state as state_lib
 
-_IN = flags.DEFINE_string("in", None, "import: a Hugging Face model folder; export: a workdir.")
-_OUT = flags.DEFINE_string("out", None, "import: the new workdir; export: the folder to write.")
-_DIRECTION = flags.DEFINE_enum(
-  "direction", "import", ["import", "export"], "import (Hugging Face -> md4jax) or export."
-)
-_MODEL_TYPE = flags.DEFINE_enum(
-  "model_type",
-  "ar",
-  ["ar", "mdm"],
-  "import: model.type of the workdir, 'ar' (causal, as pretrained) or 'mdm' (bidirectional).",
-)
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "import: a config file whose other keys the workdir takes.", lock_config=True
-)
-_VOCAB_SIZE = flags.DEFINE_integer(
-  "vocab_size",
-  0,
-  "import: keep only the first vocab_size token rows (a vocabulary padded past its tokenizer's "
-  "size, as Qwen2's); 0 keeps them all.",
-)
-_DTYPE = flags.DEFINE_enum(
-  "dtype",
-  None,
-  list(hf_folder.DTYPES),
-  "export: the weights' dtype; default the imported model's, else float32.",
-)
-_PARAMS = flags.DEFINE_enum("params", "ema", ["ema", "raw"], "export: the EMA or the raw params.")
+
+def _define_flags() -> types.SimpleNamespace:
+  """The command line's flags, defined only when this module runs as the program: md4jax.main and
+  md4jax.aot define --config too, and the tests import them all in one process."""
+  cli = types.SimpleNamespace()
+  cli.source = flags.DEFINE_string(
+    "in", None, "import: a Hugging Face model folder; export: a workdir."
+  )
+  cli.out = flags.DEFINE_string(
+    "out", None, "import: the new workdir; export: the folder to write."
+  )
+  cli.direction = flags.DEFINE_enum(
+    "direction", "import", ["import", "export"], "import (Hugging Face -> md4jax) or export."
+  )
+  cli.model_type = flags.DEFINE_enum(
+    "model_type",
+    "ar",
+    ["ar", "mdm"],
+    "import: model.type of the workdir, 'ar' (causal, as pretrained) or 'mdm' (bidirectional).",
+  )
+  cli.config = config_flags.DEFINE_config_file(
+    "config", None, "import: a config file whose other keys the workdir takes.", lock_config=True
+  )
+  cli.vocab_size = flags.DEFINE_integer(
+    "vocab_size",
+    0,
+    "import: keep only the first vocab_size token rows (a vocabulary padded past its tokenizer's "
+    "size, as Qwen2's); 0 keeps them all.",
+  )
+  cli.dtype = flags.DEFINE_enum(
+    "dtype",
+    None,
+    list(hf_folder.DTYPES),
+    "export: the weights' dtype; default the imported model's, else float32.",
+  )
+  cli.params = flags.DEFINE_enum(
+    "params", "ema", ["ema", "raw"], "export: the EMA or the raw params."
+  )
+  return cli
+
 
 USER_ERRORS = (
   ValueError,
@@ -206,24 +221,30 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   return hf
 
 
-def main(argv):
+def main(argv, cli: types.SimpleNamespace):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  if _IN.value is None or _OUT.value is None:
+  if cli.source.value is None or cli.out.value is None:
     raise app.UsageError("--in and --out are required.")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
   try:
-    if _DIRECTION.value == "import":
-      config = import_hf(_IN.value, _OUT.value, _CONFIG.value, _MODEL_TYPE.value, _VOCAB_SIZE.value)
+    if cli.direction.value == "import":
+      config = import_hf(
+        cli.source.value,
+        cli.out.value,
+        cli.config.value,
+        cli.model_type.value,
+        cli.vocab_size.value,
+      )
       print(
-        f"Wrote {_OUT.value}: a model.type={config.model.type!r} model of "
+        f"Wrote {cli.out.value}: a model.type={config.model.type!r} model of "
         f"{config.model.num_layers} layers, vocab_size {config.data.vocab_size}. Continue it with\n"
-        f"  python -m md4jax.main --config=configs/workdir.py:{_OUT.value} --workdir={_OUT.value}"
+        f"  python -m md4jax.main --config=configs/workdir.py:{cli.out.value} --workdir={cli.out.value}"
         " --mode=train|eval|sample"
       )
     else:
-      export_hf(_IN.value, _OUT.value, _DTYPE.value, _PARAMS.value)
+      export_hf(cli.source.value, cli.out.value, cli.dtype.value, cli.params.value)
   except USER_ERRORS as e:
     if flags.FLAGS["verbosity"].present:
       raise
@@ -232,4 +253,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(functools.partial(main, cli=_define_flags()))

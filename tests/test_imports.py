@@ -138,3 +138,17 @@ def test_the_public_api_loads_no_data_checkpoint_or_plot_library():
   assert {"nelbo", "sample", "get_schedule", "Transformer", "MarkovLanguage"} <= set(
     __import__("md4jax").__all__
   )
+
+
+def test_the_programs_import_together():
+  # The suite imports these in one process (test_aot, test_model, test_convert, test_harness):
+  # their module-level flags must not collide. (main is only run as a program.)
+  programs = ("aot", "convert", "lm_eval")
+  script = "".join(f"import md4jax.{name}\n" for name in programs) + "print('ok')\n"
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    capture_output=True,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert result.stdout.strip() == "ok", result.stderr[-2000:]
