@@ -60,6 +60,7 @@ def test_rng_streams_keep_their_numbers():
     "sample": 4,
     "judged_samples": 5,
     "frontier": 6,
+    "lm_eval": 7,
   }
   for name, number in rng.STREAMS.items():
     expected = jax.random.fold_in(jax.random.PRNGKey(11), number)
