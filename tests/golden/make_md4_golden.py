@@ -107,6 +107,9 @@ def install_stubs() -> list:
   ):
     # tensorflow_datasets imports without TensorFlow, but not once a module of that name exists.
     import tensorflow_datasets  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  if importlib.util.find_spec("tensorflow") is None and importlib.util.find_spec("datasets"):
+    # datasets (lm-eval's) probes for TensorFlow when imported, and a stub has no import spec.
+    import datasets  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   factories = {
     "clu": _clu_stubs,
     "distrax": lambda: {"distrax": _stub_module("distrax")},
