@@ -18,7 +18,6 @@ import functools
 import json
 import pathlib
 import shutil
-import sys
 import types
 
 import flax.linen as nn
@@ -30,7 +29,7 @@ from absl import app, flags, logging
 from jax.sharding import Mesh
 from ml_collections import config_flags
 
-from md4jax import config_lib
+from md4jax import config_lib, user_errors
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.model import hf_folder, hf_params
 from md4jax.runtime import sharding
@@ -228,7 +227,7 @@ def main(argv, cli: types.SimpleNamespace):
     raise app.UsageError("--in and --out are required.")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO.
-  try:
+  with user_errors.in_one_line("md4jax.convert", USER_ERRORS, flags.FLAGS["verbosity"].present):
     if cli.direction.value == "import":
       config = import_hf(
         cli.source.value,
@@ -245,11 +244,6 @@ def main(argv, cli: types.SimpleNamespace):
       )
     else:
       export_hf(cli.source.value, cli.out.value, cli.dtype.value, cli.params.value)
-  except USER_ERRORS as e:
-    if flags.FLAGS["verbosity"].present:
-      raise
-    print(f"md4jax.convert: error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Needs the lmeval extra: pip install -e '.[lmeval]'.
 
 import sys
 
+from md4jax import user_errors
+
 
 def main():
   try:
@@ -18,11 +20,8 @@ def main():
     sys.exit("md4jax: error: lm-eval is not installed; pip install -e '.[lmeval]'.")
   from md4jax.evaluation import harness  # pylint: disable=g-import-not-at-top  (registers md4jax)
 
-  try:
+  with user_errors.in_one_line("md4jax", (harness.HarnessError,)):
     cli_evaluate()
-  except harness.HarnessError as e:
-    print(f"md4jax: error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ same --coordinator_address=HOST:PORT and --num_processes=N and its own
 """
 
 import os
-import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from md4jax import config_lib, modes
+from md4jax import config_lib, modes, user_errors
 from md4jax.runtime import allocator
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
@@ -101,17 +100,12 @@ def main(argv):
   if _CONFIG.value.cpu_devices:  # Before any backend starts; accelerator hosts ignore it.
     jax.config.update("jax_num_cpu_devices", _CONFIG.value.cpu_devices)
   _initialize_distributed()
-  try:
+  # What the user must fix, in one line; --verbosity=1 shows the traceback.
+  with user_errors.in_one_line("md4jax", USER_ERRORS, flags.FLAGS["verbosity"].present):
     # The overrides on the command line are explicit: a preset may not silently replace them.
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     config = config_lib.resolve_preset(_CONFIG.value, explicit=overrides)
     _MODES[_MODE.value](config, _WORKDIR.value)
-  except USER_ERRORS as e:
-    if flags.FLAGS["verbosity"].present:
-      raise
-    # What the user must fix, in one line; --verbosity=1 shows the traceback.
-    print(f"md4jax: error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(1)
 
 
 if __name__ == "__main__":

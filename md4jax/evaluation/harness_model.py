@@ -215,7 +215,7 @@ class Scorer:
       tokens, editable = batch["tokens"], batch["editable"]
       segments, positions = batch["segment_ids"], batch["positions"]
       if is_ar:  # The next-token argmax at every scored position.
-        inputs = jnp.where(positions == 0, mask_id, objective.ar_inputs(tokens, mask_id))
+        inputs = objective.ar_inputs(tokens, mask_id, positions)
         logits = model.apply({"params": params}, inputs, None, segments, positions)
       else:  # One call with the whole continuation masked: time t = 1.
         schedule = objective.schedule_of(params, config)
