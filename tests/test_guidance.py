@@ -186,3 +186,16 @@ def test_guidance_past_the_context_is_refused_without_blocks(language):
       prompt=jnp.asarray([1, 2]),
       guidance_scale=1.0,
     )
+
+
+def test_the_guided_call_is_the_exact_tilted_law(language):
+  # With the exact denoiser, a guided call at the first response position (everything after
+  # the prompt masked) gives p(x | prompt)^(1+w) / p(x)^w, renormalized: the chain's transition
+  # from the prompt's last token against the position's exact marginal.
+  scale, prompt = 1.5, jnp.array([[0, 4] + [MASK_ID] * (LENGTH - 2)])
+  given = jnp.arange(LENGTH) < PROMPT_LENGTH
+  both = language.denoise_fn(MASK_ID)(*samplers.with_prompt_masked(prompt, 0.5, given, MASK_ID))
+  guided = jax.nn.softmax(samplers.mix_guidance(both, scale)[0, PROMPT_LENGTH])
+  marginal = language.initial @ np.linalg.matrix_power(language.transition, PROMPT_LENGTH)
+  tilted = language.transition[4] ** (1 + scale) / marginal**scale
+  np.testing.assert_allclose(guided, tilted / tilted.sum(), rtol=1e-4, atol=1e-7)
