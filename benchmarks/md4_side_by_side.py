@@ -21,7 +21,10 @@ Runs:
              same math in another float order, so how far it moves from replay is the rounding
              alone, amplified by training.
   md4_init   the preset from MD4's init with md4jax's own draws (after md4).
-The replays and md4_init need md4 earlier in --runs, or --md4_record of an earlier md4 run.
+  md4_draws  the preset from md4jax's own init with MD4's draws (after md4): with md4_init,
+             which of the init and the draws decides a run.
+The replays, md4_init and md4_draws need md4 earlier in --runs, or --md4_record of an earlier
+md4 run.
   init, norm, gate, embedding, time, time_input, output, biases, clip, b2, loss_units,
   schedule   the preset with one choice moved to md4jax's default.
 Every run trains on the same batches (md4jax's pipeline, seed 0) and is scored by md4jax's
@@ -153,14 +156,22 @@ GAP_STEPS = (1, 10, 30, 60, 90, 120, 150, 200, 250, 300, 500, 1000)
 
 
 def train_md4jax(
-  config, batches, source, mesh, with_ema: bool, md4_run=None, replay=False, reverse=False
+  config,
+  batches,
+  source,
+  mesh,
+  with_ema: bool,
+  md4_run=None,
+  replay=False,
+  reverse=False,
+  own_init=False,
 ):
-  """md4_run (train_md4's record): start from MD4's init; replay: and train on its draws;
-  reverse: with every batch's rows (and draws) in reverse order."""
+  """md4_run (train_md4's record): start from MD4's init, or md4jax's with own_init; replay:
+  train on MD4's draws; reverse: with every batch's rows (and draws) in reverse order."""
   config_lib.validate_config(config, mesh.devices.size, "cpu")
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
-  if md4_run is not None:
+  if md4_run is not None and not own_init:
     params = as_md4jax(md4_run["init"])
     state = state.replace(
       params=params,
@@ -275,7 +286,7 @@ def main(argv):
       if _MD4_RECORD.value:
         with open(_MD4_RECORD.value, "wb") as f:
           pickle.dump(jax.tree.map(np.asarray, md4_run), f)
-    elif name in ("replay", "replay_reversed", "md4_init"):
+    elif name in ("replay", "replay_reversed", "md4_init", "md4_draws"):
       if md4_run is None:
         raise app.UsageError(f"--runs: {name} needs md4 before it (or --md4_record).")
       result = train_md4jax(
@@ -285,8 +296,9 @@ def main(argv):
         mesh,
         False,
         md4_run=md4_run,
-        replay=name.startswith("replay"),
+        replay=name.startswith("replay") or name == "md4_draws",
         reverse=name == "replay_reversed",
+        own_init=name == "md4_draws",
       )
     else:
       result = train_md4jax(
