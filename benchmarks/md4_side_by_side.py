@@ -15,7 +15,8 @@ Runs:
   preset     md4jax with model.preset=md4 and MD4's schedule (md4linear), endpoint terms,
              optimizer (b2 0.999, no clipping, EMA 0.9999 from step 0) and loss units (bits).
   defaults   md4jax's own defaults at this shape.
-  defaults_zero_output  the defaults with MD4's zero-initialized output layer.
+  defaults_zero_output  the defaults with MD4's zero-initialized output layer;
+  defaults_fan_in_zero_output  and with MD4's fan-in init too.
   replay     the preset from MD4's init, with MD4's own draws of t and of the masks at every
              step (after md4 in the same --runs): MD4's run in md4jax, step for step.
   replay_reversed  replay with the rows of every batch (and their draws) in reverse order: the
@@ -120,8 +121,10 @@ def run_config(name: str, data_path: str):
   config = base(data_path)
   if name == "defaults":
     return config
-  if name == "defaults_zero_output":
+  if name in ("defaults_zero_output", "defaults_fan_in_zero_output"):
     config.model.output_init = "zeros"
+    if name == "defaults_fan_in_zero_output":
+      config.model.weight_init = "fan_in_mlp_depth"
     return config
   config = md4_like(config)
   if name == "preset":
