@@ -83,7 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.norm = "rms"  # "rms" (RMSNorm, learned scale) or "layer" (LayerNorm without scale or bias, as MD4).
   config.model.mlp = "swiglu"  # MLP gate: "swiglu" (silu) or "sigmoid_glu" (sigmoid, as MD4).
   config.model.embed_dim = 0  # Token embedding width projected to model_dim (MD4: 64); 0 = model_dim, no projection.
-  config.model.output_init = "normal"  # Init of the logits layer: "normal" (as model.weight_init's other matrices) or "zeros" (as MD4).
+  config.model.output_init = "normal"  # Init of the logits layer: "normal" (as model.weight_init's other matrices) or "zeros" (as MD4; pair it with a fan_in weight_init: after normal's it stays at the unigram, docs/md4_parity.md).
   config.model.weight_init = "normal"  # "normal" (std 0.02, residual-stream outputs 0.02/√(2N)), "fan_in" (truncated normal, variance 1/fan_in) or "fan_in_mlp_depth" (MD4: the MLP's at (2/N)/fan_in).
   config.model.norm_eps = 1e-6  # Epsilon of every norm (MD4: 1e-5).
   config.model.biases = False  # Biases on the embedding projection, the time MLP and the adaLN projections (MD4); never on attention (see qkv_bias), MLP or logits.
