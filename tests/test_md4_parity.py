@@ -146,6 +146,55 @@ def test_logits_equal_md4s():
   assert np.abs(np.asarray(model.apply({"params": params}, z, alpha)) - expected).max() > 1e-3
 
 
+def test_md4s_init_gives_every_masked_position_one_state_and_one_gradient():
+  """Why a zero output layer waits on the unigram plateau (docs/md4_parity.md): at MD4's init
+  every block is the identity (zero adaLN gates), so all masked positions reach the output layer
+  in the same state, and the first gradient reaches the output layer alone."""
+  init, logits, _, _ = _golden()
+  config = md4_config()
+  model = state_lib.build_model(config)
+  params = _converted(init)
+  z, t = jnp.asarray(logits["z"]), jnp.asarray(logits["t"])
+  masked = np.asarray(z) == config.data.vocab_size
+  assert masked.any(1).all() and (~masked).any()
+
+  def final_states(model, params):
+    _, seen = model.apply(
+      {"params": params},
+      z,
+      t,
+      capture_intermediates=lambda module, _: module.name == "final_norm",
+    )
+    return np.asarray(seen["intermediates"]["final_norm"]["__call__"][0])
+
+  states = final_states(model, params)
+  np.testing.assert_allclose(
+    states[masked], np.broadcast_to(states[masked][0], states[masked].shape)
+  )
+  assert np.ptp(states[~masked], axis=0).max() > 0.1  # Visible tokens differ: the check can fail.
+  # Without adaLN the blocks act at init, and masked positions differ by their context.
+  plain = md4_config()
+  plain.model.preset, plain.model.time_conditioning = "none", "none"
+  plain_model = state_lib.build_model(plain)
+  plain_params = nn.meta.unbox(plain_model.init(jax.random.key(0), z, None)["params"])
+  assert np.ptp(final_states(plain_model, plain_params)[masked], axis=0).max() > 1e-3
+
+  targets = jnp.arange(z.size).reshape(z.shape) % config.data.vocab_size
+
+  def loss(params):
+    log_p = jax.nn.log_softmax(model.apply({"params": params}, z, t))
+    nll = -jnp.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+    return jnp.sum(jnp.where(masked, nll, 0.0))
+
+  grads = jax.grad(loss)(params)
+  moved = {
+    jax.tree_util.keystr(path)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(grads)
+    if float(jnp.abs(leaf).max()) > 0
+  }
+  assert moved == {"['logits']['kernel']"}, moved
+
+
 def _replay(config, rows=None):
   """md4jax's train step over the golden batches with MD4's t and masks, from MD4's init:
   (bits per token [S], final state). rows: an order of the batch rows (the same math)."""
