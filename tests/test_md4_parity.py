@@ -33,8 +33,8 @@ import pytest
 
 from md4jax import config_lib
 from md4jax.model import md4_params
+from md4jax.training import objective, train
 from md4jax.training import state as state_lib
-from md4jax.training import train
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent / "golden"))
 import md4_golden as golden  # noqa: E402  pylint: disable=wrong-import-position
@@ -179,12 +179,22 @@ def test_md4s_init_gives_every_masked_position_one_state_and_one_gradient():
   plain_params = nn.meta.unbox(plain_model.init(jax.random.key(0), z, None)["params"])
   assert np.ptp(final_states(plain_model, plain_params)[masked], axis=0).max() > 1e-3
 
-  targets = jnp.arange(z.size).reshape(z.shape) % config.data.vocab_size
+  # md4jax's training loss on MD4's first batch and draws.
+  _, _, train_file, train_masked = _golden()
+  rows = golden.BATCH_SIZE
 
   def loss(params):
-    log_p = jax.nn.log_softmax(model.apply({"params": params}, z, t))
-    nll = -jnp.take_along_axis(log_p, targets[..., None], -1)[..., 0]
-    return jnp.sum(jnp.where(masked, nll, 0.0))
+    nats, _ = objective.training_loss(
+      params,
+      _train_batch(jnp.asarray(train_file["tokens"][0], jnp.int32)),
+      jax.random.PRNGKey(0),
+      model=model,
+      config=config,
+      row_index=jnp.arange(rows),
+      num_rows=rows,
+      draws={"t": jnp.asarray(train_file["t"][0]), "masked": jnp.asarray(train_masked[0])},
+    )
+    return nats.sum()
 
   grads = jax.grad(loss)(params)
   moved = {
@@ -193,6 +203,12 @@ def test_md4s_init_gives_every_masked_position_one_state_and_one_gradient():
     if float(jnp.abs(leaf).max()) > 0
   }
   assert moved == {"['logits']['kernel']"}, moved
+
+
+def _train_batch(tokens):
+  """A golden batch of token rows [B, L] as train_step reads it: every position editable."""
+  editable = jnp.ones((golden.BATCH_SIZE, golden.SEQ_LEN), bool)
+  return {"tokens": tokens, "segment_ids": None, "positions": None, "editable": editable}
 
 
 def _replay(config, rows=None):
@@ -209,14 +225,12 @@ def _replay(config, rows=None):
     ema_params=jax.tree.map(jnp.copy, params),
     rng=jax.random.PRNGKey(0),
   )
-  editable = jnp.ones((golden.BATCH_SIZE, golden.SEQ_LEN), bool)
 
   def step(state, inputs):
     tokens, t, masked = inputs
-    batch = {"tokens": tokens, "segment_ids": None, "positions": None, "editable": editable}
     state, metrics = train.train_step(
       state,
-      batch,
+      _train_batch(tokens),
       model=model,
       optimizer=optimizer,
       config=config,
