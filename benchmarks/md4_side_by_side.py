@@ -88,6 +88,21 @@ ABLATIONS = {
 }
 
 
+# md4jax's defaults with some of MD4's choices: model keys.
+DEFAULTS_WITH = {
+  "defaults_zero_output": {"output_init": "zeros"},
+  "defaults_fan_in_zero_output": {"output_init": "zeros", "weight_init": "fan_in_mlp_depth"},
+}
+
+# The preset trained with parts of MD4's record: (MD4's init, MD4's draws, rows reversed).
+FROM_MD4_RECORD = {
+  "replay": (True, True, False),
+  "replay_reversed": (True, True, True),
+  "md4_init": (True, False, False),
+  "md4_draws": (False, True, False),
+}
+
+
 def warmup_steps() -> int:
   return min(WARMUP_STEPS, _STEPS.value - 1)  # Short smoke runs too.
 
@@ -121,10 +136,8 @@ def run_config(name: str, data_path: str):
   config = base(data_path)
   if name == "defaults":
     return config
-  if name in ("defaults_zero_output", "defaults_fan_in_zero_output"):
-    config.model.output_init = "zeros"
-    if name == "defaults_fan_in_zero_output":
-      config.model.weight_init = "fan_in_mlp_depth"
+  if name in DEFAULTS_WITH:
+    config.model.update(DEFAULTS_WITH[name])
     return config
   config = md4_like(config)
   if name == "preset":
@@ -169,16 +182,16 @@ def train_md4jax(
   mesh,
   with_ema: bool,
   md4_run=None,
-  replay=False,
+  md4_init=False,
+  md4_draws=False,
   reverse=False,
-  own_init=False,
 ):
-  """md4_run (train_md4's record): start from MD4's init, or md4jax's with own_init; replay:
-  train on MD4's draws; reverse: with every batch's rows (and draws) in reverse order."""
+  """md4_run (train_md4's record), to compare the losses with; md4_init: start from MD4's init;
+  md4_draws: train on MD4's draws; reverse: with every batch's rows (and draws) reversed."""
   config_lib.validate_config(config, mesh.devices.size, "cpu")
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
-  if md4_run is not None and not own_init:
+  if md4_init:
     params = as_md4jax(md4_run["init"])
     state = state.replace(
       params=params,
@@ -191,7 +204,7 @@ def train_md4jax(
   start, losses = time.perf_counter(), []
   for index, batch in enumerate(batches):
     draws = None
-    if replay:
+    if md4_draws:
       t, masked = md4_run["draws"][index]
       draws = {"t": jnp.asarray(t), "masked": jnp.asarray(masked)}
     if reverse:
@@ -293,9 +306,10 @@ def main(argv):
       if _MD4_RECORD.value:
         with open(_MD4_RECORD.value, "wb") as f:
           pickle.dump(jax.tree.map(np.asarray, md4_run), f)
-    elif name in ("replay", "replay_reversed", "md4_init", "md4_draws"):
+    elif name in FROM_MD4_RECORD:
       if md4_run is None:
         raise app.UsageError(f"--runs: {name} needs md4 before it (or --md4_record).")
+      md4_init, md4_draws, reverse = FROM_MD4_RECORD[name]
       result = train_md4jax(
         run_config("preset", data_path),
         batches,
@@ -303,9 +317,9 @@ def main(argv):
         mesh,
         False,
         md4_run=md4_run,
-        replay=name.startswith("replay") or name == "md4_draws",
-        reverse=name == "replay_reversed",
-        own_init=name == "md4_draws",
+        md4_init=md4_init,
+        md4_draws=md4_draws,
+        reverse=reverse,
       )
     else:
       result = train_md4jax(
