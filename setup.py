@@ -4,7 +4,7 @@ import setuptools
 
 setuptools.setup(
   name="md4jax",
-  version="0.1.0",
+  version="0.2.0",
   description="Masked discrete diffusion language models (MD4 / MDLM) in JAX and Flax.",
   long_description=open("README.md", encoding="utf-8").read(),
   long_description_content_type="text/markdown",

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from md4jax import config_lib, modes
+from md4jax import config as config_lib
+from md4jax.app import modes
 from md4jax.training import objective
 
 _CONFIG = flags.DEFINE_string("config", "configs/default.py:bd3", "The trained run's config.")

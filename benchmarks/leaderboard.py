@@ -1,26 +1,31 @@
-r"""The sampler leaderboard: every sampler and setting scored by its exact-law excess, as Markdown,
-a plot and JSON.
+r"""The sampler leaderboard: every sampler and setting scored against the exact law, as Markdown, a
+plot and JSON. Collapse cannot win it: beside the cross-entropy excess, each row has two
+diversity columns from the same samples.
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default   # ~1.5 min
   python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
       --bd3_workdir=/tmp/md4jax_default_bd3 --output=docs/results/sampler_leaderboard.md
 
-On the generated language of configs/default.py the true law is known, so a sample's
-excess — mean −log2 p(sample) per token minus the true entropy per token, ± SE over samples —
-is exact. It is measured twice for each setting: with the exact denoiser (the oracle: the
-excess is the sampler's own error, 0 for an exact sampler) and with the transformer trained
-in --workdir (the excess adds the network's error), so what an approximation costs is
-separated from what the network costs. Also the network calls (NFE, for the batch) and the
-seconds per sample (after one compile run, on this machine).
+On the generated language of configs/default.py the true law is known. For each setting:
+  * excess: mean −log2 p(sample) per token minus the true entropy, ± SE over samples. A
+    mode-seeking sampler (low temperature, greedy, top-p) draws likelier sequences and pushes it
+    below 0: the cross-entropy alone rewards collapse, as generative perplexity does.
+  * chain entropy Δ: the entropy of the first-order chain fitted to the samples' bigrams, minus
+    the same statistic of exact samples (--references batches of the same size; their spread is
+    the SE). Collapse pushes it below 0.
+  * bigram TV Δ: the total-variation distance of the samples' bigram table to the true one,
+    minus that of exact samples (± their spread). Any wrong law pushes it above 0.
+A row is marked exact when all three are within 2 SE of 0. Each is measured with the exact
+denoiser (the oracle: the sampler's own error) and with the transformer trained in --workdir
+(adding the network's error); and the network calls (NFE, for the batch) and the seconds per
+sample (after one compile run, on this machine).
 
-Fast-dLLM's approximate caches (`sample.cache`) decode block by block with the trained network
-only (the oracle has no keys and values): "none" is the exact block-wise decoding they
-approximate, so each cache's cost is its excess minus that of "none" at the same setting.
-
-Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of 16 tokens one
-after another, each by a method of `sample`: with the oracle through the reference sampler,
-with the block-causal network through its exact KV cache.
+Fast-dLLM's approximate caches (cache prefix, dual) need a network's keys and values, so they
+run with the trained network only; "none" is the exact block-wise decoding they approximate.
+Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of 16 tokens, each
+by a method of `sample`: with the oracle on the window, with the block-causal network through
+its exact KV cache.
 """
 
 import json
@@ -32,9 +37,11 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from md4jax import config_lib, modes
+from md4jax import config as config_lib
+from md4jax.app import modes
 from md4jax.diffusion import groundtruth
-from md4jax.sampling import block_sampler, prefix_cache, samplers
+from md4jax.evaluation import estimates
+from md4jax.sampling import decoder, samplers
 from md4jax.training import objective
 
 _WORKDIR = flags.DEFINE_string(
@@ -47,26 +54,37 @@ _BD3_WORKDIR = flags.DEFINE_string(
   "bd3_workdir", None, "A trained configs/default.py:bd3 run: block diffusion's rows (optional)."
 )
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 512, "Samples per setting (one batch).")
+_REFERENCES = flags.DEFINE_integer(
+  "references", 32, "Batches of exact samples the diversity columns are measured against."
+)
 _SEED = flags.DEFINE_integer("seed", 1, "Sampling key.")
+SIGNIFICANCE = 2.0  # A column is exact when it is within this many SE of 0.
 
-# (label, sample() keyword arguments): every sampler at a few budgets.
+# (family, label, sample() keyword arguments): every sampler at a few budgets.
 SETTINGS = (
-  [(f"ancestral T={t}", dict(method="ancestral", num_steps=t)) for t in (16, 64, 256, 1000)]
-  + [(f"jump T={t}", dict(method="jump", num_steps=t)) for t in (16, 64, 1000)]
-  + [("first_hitting", dict(method="first_hitting"))]
-  + [(f"confidence T={t}", dict(method="confidence", num_steps=t)) for t in (16, 64)]
-  + [(f"threshold τ={h}", dict(method="threshold", threshold=h)) for h in (0.1, 0.3, 0.9)]
+  [("ancestral", f"ancestral T={t}", dict(method="ancestral", num_steps=t)) for t in (16, 64, 256)]
+  + [("ancestral", "ancestral T=1000", dict(method="ancestral", num_steps=1000))]
+  + [("jump", f"jump T={t}", dict(method="jump", num_steps=t)) for t in (16, 64, 1000)]
+  + [("first_hitting", "first_hitting", dict(method="first_hitting"))]
+  + [("confidence", f"confidence T={t}", dict(method="confidence", num_steps=t)) for t in (16, 64)]
+  + [("threshold", f"threshold τ={h}", dict(method="threshold", threshold=h)) for h in (0.1, 0.9)]
   + [
-    (f"remdm cap η={e} T={t}", dict(method="remdm", remask="cap", remask_eta=e, num_steps=t))
+    (
+      "remdm",
+      f"remdm cap η={e} T={t}",
+      dict(method="remdm", remask="cap", remask_eta=e, num_steps=t),
+    )
     for e, t in ((0.01, 64), (0.01, 256), (0.05, 256))
   ]
   + [
     (
+      "remdm",
       "remdm rescale η=0.1 T=256",
       dict(method="remdm", remask="rescale", remask_eta=0.1, num_steps=256),
     ),
-    ("remdm confidence T=64", dict(method="remdm", remask="confidence", num_steps=64)),
+    ("remdm", "remdm confidence T=64", dict(method="remdm", remask="confidence", num_steps=64)),
     (
+      "remdm",
       "remdm loop T=64 +64 at α=0.9",
       dict(
         method="remdm",
@@ -80,78 +98,156 @@ SETTINGS = (
   ]
   + [
     (
+      "mode-seeking",
+      "ancestral T=64, temperature 0.8",
+      dict(method="ancestral", num_steps=64, temperature=0.8),
+    ),
+    (
+      "mode-seeking",
+      "ancestral T=64, top-p 0.9",
+      dict(method="ancestral", num_steps=64, top_p=0.9),
+    ),
+    (
+      "mode-seeking",
+      "first_hitting, temperature 0.7",
+      dict(method="first_hitting", temperature=0.7),
+    ),
+    (
+      "mode-seeking",
+      "confidence T=64, greedy",
+      dict(method="confidence", num_steps=64, temperature=0.0),
+    ),
+  ]
+  + [
+    (
+      "blocks, caches",
       f"blocks of 16, ancestral T=16, cache {cache}",
       dict(method="ancestral", num_steps=16, cache=cache, block_size=16),
     )
-    for cache in prefix_cache.CACHES
+    for cache in ("none", "prefix", "dual")
   ]
 )
-# Block diffusion (configs/default.py:bd3): its block size, each block by one of `sample`'s methods.
+# Block diffusion (configs/default.py:bd3): its blocks, each by one of `sample`'s methods.
 BD3_SETTINGS = [
-  (f"block diffusion b=16, ancestral T={t}", dict(method="ancestral", num_steps=t))
+  (
+    "block diffusion",
+    f"block diffusion b=16, ancestral T={t}",
+    dict(method="ancestral", num_steps=t),
+  )
   for t in (16, 64)
 ] + [
-  ("block diffusion b=16, first_hitting", dict(method="first_hitting")),
-  ("block diffusion b=16, confidence T=16", dict(method="confidence", num_steps=16)),
+  ("block diffusion", "block diffusion b=16, first_hitting", dict(method="first_hitting")),
+  (
+    "block diffusion",
+    "block diffusion b=16, confidence T=16",
+    dict(method="confidence", num_steps=16),
+  ),
 ]
 
 
-def _score(language, denoise_fn, schedule, config, kwargs, network=None, block_size=0):
-  """The excess of one setting; a cache setting runs network = (model, params) instead, and
-  block_size > 0 block diffusion's sampler (cached where network is given)."""
+def _truth(language, length: int, n: int) -> tuple[np.ndarray, list]:
+  """The true bigram frequencies π(a) T(a, b) (the chain is stationary) and batches of exact
+  samples of n sequences."""
+  table = language.initial[:, None] * language.transition
+  keys = jax.random.split(jax.random.PRNGKey(10_000), _REFERENCES.value)
+  return table, [np.asarray(language.sample(k, n, length)) for k in keys]
+
+
+def _score(language, truth, denoise_fn, schedule, config, kwargs):
+  """One setting's figures: its excess and diversity, NFE and seconds per sample."""
   length, vocab_size, n = config.data.seq_len, config.data.vocab_size, _NUM_SAMPLES.value
   common = dict(batch_size=n, length=length, schedule=schedule, mask_id=vocab_size)
-  if "cache" in kwargs:
-    run = lambda key: prefix_cache.sample_with_cache(key, *network, **common, **kwargs)
-  elif block_size and network is not None:
-    run = lambda key: block_sampler.sample_blocks_cached(
-      key, *network, block_size=block_size, context_length=length, **common, **kwargs
-    )
-  elif block_size:
-    run = lambda key: block_sampler.sample_blocks(
-      key, denoise_fn, block_size=block_size, **common, **kwargs
-    )
-  else:
-    run = jax.jit(lambda key: samplers.sample(key, denoise_fn, **common, **kwargs))
-  jax.block_until_ready(run(jax.random.PRNGKey(0)))
+  run = lambda key: decoder.sample(key, denoise_fn, **common, **kwargs)
+  jax.block_until_ready(run(jax.random.PRNGKey(0)))  # Compiles.
   start = time.perf_counter()
   tokens, info = jax.block_until_ready(run(jax.random.PRNGKey(_SEED.value)))
   seconds = time.perf_counter() - start
   samplers.check_logits(info, kwargs["method"])
+  tokens = np.asarray(tokens)
   entropy = language.entropy(length) / (length * math.log(2.0))
-  bits = -np.asarray(language.log_prob(np.asarray(tokens)), np.float64) / (length * math.log(2.0))
-  return {
+  bits = -np.asarray(language.log_prob(tokens), np.float64) / (length * math.log(2.0))
+  figures = {
     "nfe": int(info["nfe"]),
     "seconds_per_sample": seconds / n,
     "excess": float(bits.mean() - entropy),
     "stderr": float(bits.std(ddof=1) / math.sqrt(n)),
+    **estimates.diversity(tokens, *truth),
   }
+  figures["exact"] = all(
+    abs(figures[value]) <= SIGNIFICANCE * figures[error]
+    for value, error in (
+      ("excess", "stderr"),
+      ("chain_entropy_excess", "chain_entropy_stderr"),
+      ("bigram_tv_excess", "bigram_tv_stderr"),
+    )
+  )
+  return figures
+
+
+def _cells(point) -> str:
+  if point is None:
+    return "— | — | — | — | —"
+  return (
+    f"{point['nfe']} | {point['excess']:+.4f} ± {point['stderr']:.4f} | "
+    f"{point['chain_entropy_excess']:+.4f} ± {point['chain_entropy_stderr']:.4f} | "
+    f"{point['bigram_tv_excess']:+.4f} ± {point['bigram_tv_stderr']:.4f} | "
+    f"{'✓' if point['exact'] else ''}"
+  )
 
 
 def _markdown(rows, config, true_bits) -> str:
+  header = "| NFE | excess | chain entropy Δ | bigram TV Δ | exact |"
   lines = [
-    "# Sampler leaderboard: exact-law excess on the generated language",
+    "# Sampler leaderboard: the exact law, and the diversity collapse cannot fake",
     "",
     f"configs/default.py's language: {config.data.vocab_size} tokens, length "
     f"{config.data.seq_len}, true entropy {true_bits:.4f} bits/token; {_NUM_SAMPLES.value} "
-    "samples per setting. Excess = mean −log2 p(sample) per token − the true entropy, ± SE "
-    "(0 for an exact sampler with the oracle). NFE: network calls for the batch; s/sample on "
-    "the machine that wrote this file, after one compile run. Regenerate with the commands in "
+    "samples per setting. **excess**: mean −log2 p(sample) per token − the true entropy, ± SE "
+    "over samples. **chain entropy Δ**: bits/token of the first-order chain fitted to the "
+    "samples' bigrams, minus the same statistic of exact samples "
+    f"({_REFERENCES.value} batches of {_NUM_SAMPLES.value}: their spread is the SE); "
+    "**bigram TV Δ**: the total-variation distance of the samples' bigram table to the true "
+    "one, minus that of exact samples. A mode-seeking sampler lowers the excess below 0 and "
+    "the chain entropy with it. **exact** (✓): all three within "
+    f"{SIGNIFICANCE:g} SE of 0. NFE: network calls for the batch; s/sample on the machine that "
+    "wrote this file, after one compile run. Regenerate with the commands in "
     "`benchmarks/leaderboard.py`.",
-    "",
-    "| sampler | NFE (oracle) | excess, oracle | NFE (trained) | excess, trained | s/sample, trained |",
-    "| --- | --- | --- | --- | --- | --- |",
   ]
-  for row in rows:
-    oracle, trained = row["oracle"], row["trained"]
-    oracle_cells = (
-      f"{oracle['nfe']} | {oracle['excess']:+.4f} ± {oracle['stderr']:.4f}" if oracle else "— | —"
-    )
-    lines.append(
-      f"| {row['label']} | {oracle_cells} | {trained['nfe']} | {trained['excess']:+.4f} ± "
-      f"{trained['stderr']:.4f} | {trained['seconds_per_sample'] * 1e3:.2f} ms |"
-    )
+  for which in ("oracle", "trained"):
+    lines += [
+      "",
+      f"## With the {'exact denoiser (the oracle)' if which == 'oracle' else 'trained network'}",
+      "",
+      f"| sampler | family {header}" + (" s/sample |" if which == "trained" else ""),
+      "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if which == "trained" else ""),
+    ]
+    for row in rows:
+      point = row[which]
+      timing = ""
+      if which == "trained":
+        timing = f" {point['seconds_per_sample'] * 1e3:.2f} ms |"
+      lines.append(f"| {row['label']} | {row['family']} | {_cells(point)} |{timing}")
   return "\n".join(lines) + "\n"
+
+
+def _frontier(points: list) -> list:
+  """The exact-diversity points no other such point beats in both NFE and |excess|."""
+  fair = [
+    p
+    for p in points
+    if abs(p["chain_entropy_excess"]) <= SIGNIFICANCE * p["chain_entropy_stderr"]
+    and abs(p["bigram_tv_excess"]) <= SIGNIFICANCE * p["bigram_tv_stderr"]
+  ]
+  return [
+    p
+    for p in fair
+    if not any(
+      q["nfe"] <= p["nfe"]
+      and abs(q["excess"]) <= abs(p["excess"])
+      and (q["nfe"], abs(q["excess"])) != (p["nfe"], abs(p["excess"]))
+      for q in fair
+    )
+  ]
 
 
 def _plot(rows, path):
@@ -160,48 +256,58 @@ def _plot(rows, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-  for axis, which in zip(axes, ("oracle", "trained")):
-    for row in (row for row in rows if row[which]):
-      point = row[which]
-      axis.errorbar(point["nfe"], point["excess"], yerr=point["stderr"], fmt="o", capsize=2)
-      axis.annotate(
-        row["label"],
-        (point["nfe"], point["excess"]),
-        fontsize=6,
-        xytext=(3, 3),
-        textcoords="offset points",
+  families = list(dict.fromkeys(row["family"] for row in rows))
+  colors = {f: plt.get_cmap("tab10")(i) for i, f in enumerate(families)}
+  figure, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+  panels = (
+    ("oracle", "excess", "exact denoiser: excess vs calls"),
+    ("trained", "excess", "trained network: excess vs calls"),
+    ("trained", "chain_entropy_excess", "trained network: diversity vs excess"),
+  )
+  for axis, (which, y, title) in zip(axes, panels):
+    points = [
+      dict(row[which], label=row["label"], family=row["family"]) for row in rows if row[which]
+    ]
+    for p in points:
+      x = p["excess"] if y == "chain_entropy_excess" else p["nfe"]
+      error = p["chain_entropy_stderr"] if y == "chain_entropy_excess" else p["stderr"]
+      color = colors[p["family"]]
+      axis.errorbar(
+        x, p[y], yerr=error, fmt="o", color=color, mfc=color if p["exact"] else "white", capsize=2
       )
-    axis.set_xscale("log")
+    if y == "excess":
+      for p in sorted(_frontier(points), key=lambda p: p["nfe"]):
+        axis.annotate(
+          p["label"], (p["nfe"], p["excess"]), fontsize=7, xytext=(4, 6), textcoords="offset points"
+        )
+      axis.set_xscale("log")
+      axis.set_xlabel("network calls (batch)")
+      axis.set_ylabel("excess over the true entropy (bits/token)")
+    else:
+      axis.axvline(0.0, color="gray", lw=0.5)
+      axis.set_xlabel("excess over the true entropy (bits/token)")
+      axis.set_ylabel("fitted-chain entropy − exact samples' (bits/token)")
     axis.axhline(0.0, color="gray", lw=0.5)
-    axis.set_xlabel("network calls (batch)")
-    axis.set_ylabel("excess over the true entropy (bits/token)")
-    axis.set_title(f"{which} denoiser")
-  figure.tight_layout()
+    axis.set_title(title)
+  handles = [plt.Line2D([], [], marker="o", ls="", color=colors[f], label=f) for f in families] + [
+    plt.Line2D([], [], marker="o", ls="", color="gray", mfc="white", label="not exact (2 SE)")
+  ]
+  figure.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+  figure.tight_layout(rect=(0, 0.07, 1, 1))
   figure.savefig(path, dpi=120)
 
 
-def _block_diffusion_rows(language, oracle) -> list:
-  config = config_lib.load_config("default:bd3")
-  run = modes.Run(config, _BD3_WORKDIR.value)
-  if run.restored_step is None:
-    raise SystemExit(f"No checkpoint in {_BD3_WORKDIR.value}: train configs/default.py:bd3 first.")
-  params, block_size = run.state.ema_params, config.diffusion.block_size
-  schedule, rows = objective.schedule_of(params, config), []
-  for label, kwargs in BD3_SETTINGS:
-    network = (run.model, params)
-    rows.append(
-      {
-        "label": label,
-        **kwargs,
-        "oracle": _score(language, oracle, schedule, config, kwargs, block_size=block_size),
-        "trained": _score(
-          language, None, schedule, config, kwargs, network=network, block_size=block_size
-        ),
-        "trained_step": run.restored_step,
-      }
+def _rows(settings, language, truth, oracle, trained, schedule, config):
+  rows = []
+  for family, label, kwargs in settings:
+    network_only = kwargs.get("cache") in ("prefix", "dual")
+    row = {"family": family, "label": label, **kwargs}
+    row["oracle"] = (
+      None if network_only else _score(language, truth, oracle, schedule, config, kwargs)
     )
-    print(json.dumps(rows[-1]), flush=True)
+    row["trained"] = _score(language, truth, trained, schedule, config, kwargs)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
   return rows
 
 
@@ -211,41 +317,45 @@ def main(argv):
   language = groundtruth.MarkovLanguage(
     config.data.vocab_size, seed=config.data.language_seed, concentration=config.data.concentration
   )
+  truth = _truth(language, config.data.seq_len, _NUM_SAMPLES.value)
+  oracle = language.denoise_fn(config.data.vocab_size)
   run = modes.Run(config, _WORKDIR.value)
   if run.restored_step is None:
     raise SystemExit(f"No checkpoint in {_WORKDIR.value}: train configs/default.py there first.")
   params = run.state.ema_params
   trained = objective.sampling_denoiser(run.model, params, config)
-  oracle = language.denoise_fn(config.data.vocab_size)
   schedule = objective.schedule_of(params, config)
-  rows = []
-  for label, kwargs in SETTINGS:
-    rows.append(
-      {
-        "label": label,
-        **kwargs,
-        "oracle": None if "cache" in kwargs else _score(language, oracle, schedule, config, kwargs),
-        "trained": _score(language, trained, schedule, config, kwargs, network=(run.model, params)),
-      }
-    )
-    print(json.dumps(rows[-1]), flush=True)
+  rows = _rows(SETTINGS, language, truth, oracle, trained, schedule, config)
+  trained_step = {"default": run.restored_step}
   if _BD3_WORKDIR.value:
-    rows += _block_diffusion_rows(language, oracle)
+    bd3_config = config_lib.load_config("default:bd3")
+    bd3 = modes.Run(bd3_config, _BD3_WORKDIR.value)
+    if bd3.restored_step is None:
+      raise SystemExit(f"No checkpoint in {_BD3_WORKDIR.value}: train configs/default.py:bd3.")
+    block = bd3_config.diffusion.block_size
+    network = objective.sampling_denoiser(bd3.model, bd3.state.ema_params, bd3_config)
+    for family, label, kwargs in BD3_SETTINGS:
+      row = {"family": family, "label": label, **kwargs}
+      blocks = dict(kwargs, block_size=block)
+      row["oracle"] = _score(language, truth, oracle, schedule, config, blocks)
+      row["trained"] = _score(
+        language, truth, network, schedule, config, dict(blocks, cache="exact")
+      )
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+    trained_step["bd3"] = bd3.restored_step
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     output = pathlib.Path(_OUTPUT.value)
     output.write_text(_markdown(rows, config, true_bits))
-    output.with_suffix(".json").write_text(
-      json.dumps(
-        {
-          "trained_step": run.restored_step,
-          "num_samples": _NUM_SAMPLES.value,
-          "true_bits_per_token": true_bits,
-          "rows": rows,
-        },
-        indent=1,
-      )
-    )
+    summary = {
+      "trained_step": trained_step,
+      "num_samples": _NUM_SAMPLES.value,
+      "references": _REFERENCES.value,
+      "true_bits_per_token": true_bits,
+      "rows": rows,
+    }
+    output.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     _plot(rows, output.with_suffix(".png"))
 
 

@@ -1,5 +1,5 @@
 r"""Local lm-evaluation-harness tasks for an md4jax workdir trained on the generated Markov language
-(md4jax.evaluation.harness_tasks), and the true chain's figures on their documents, as one JSON
+(md4jax.app.harness_tasks), and the true chain's figures on their documents, as one JSON
 line: what the md4jax model's lm-eval numbers read against (docs/lm_eval.md).
 
   python benchmarks/lm_eval_local.py --workdir=/tmp/md4jax_tiny --out=/tmp/md4jax_tasks
@@ -12,9 +12,9 @@ import json
 
 from absl import app, flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import harness_tasks
 from md4jax.data import sources
-from md4jax.evaluation import harness_tasks
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A workdir of data.dataset='markov'.")
 _OUT = flags.DEFINE_string("out", None, "The folder for the tasks (lm-eval's --include_path).")

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.evaluation import evaluate
 from md4jax.model import md4_params
@@ -142,7 +142,7 @@ def run_config(name: str, data_path: str):
   config = md4_like(config)
   if name == "preset":
     config.model.preset = "md4"
-    return config_lib.resolve_preset(config)
+    return config_lib.expand_preset(config)
   model_keys, other_keys = ABLATIONS[name]
   config.model.preset = "md4"
   values = config_lib.preset_values(config)

@@ -18,9 +18,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import samplers
+from md4jax.sampling import decoder
 
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 512, "Samples per point (one batch).")
 _STEPS = flags.DEFINE_list("steps", ["4", "16", "64", "256", "1000"], "T of the grid methods.")
@@ -53,7 +53,7 @@ def main(argv):
       variants = [{"num_steps": int(s)} for s in _STEPS.value]
     for variant in variants:
       run = jax.jit(
-        lambda key, variant=variant, method=method: samplers.sample(
+        lambda key, variant=variant, method=method: decoder.sample(
           key,
           language.denoise_fn(vocab_size),
           batch_size=_NUM_SAMPLES.value,

@@ -8,9 +8,9 @@ r"""Times every sampler of a named model size and prints one JSON object.
       --generate=1024,4096 --methods=ancestral --steps=4  # Block diffusion, cache or not.
 
 With --block_size, the model reads blocks (block diffusion) and each method generates
---generate tokens block after block with a context of --length tokens, twice: with the KV
-cache (`block_sampler.sample_blocks_cached`) and re-running the window at every call
-(`block_sampler.sample_blocks`); tokens/s, calls and the cache's bytes for each.
+--generate tokens block after block with a context of --length tokens, twice: with the exact KV
+cache (`md4jax.sample(..., cache="exact")`) and re-running the window at every call
+(cache="none"); tokens/s, calls and the cache's bytes for each.
 
 For each method and step count: sequences/s, the number of network calls
 (NFE) and seconds per network call. The model has random parameters (speed
@@ -25,10 +25,11 @@ import time
 import jax
 from absl import app, flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.diffusion import schedules
+from md4jax.diffusion.denoiser import Denoiser
 from md4jax.runtime import allocator, sharding
-from md4jax.sampling import block_sampler, samplers
+from md4jax.sampling import decoder, samplers
 from md4jax.training import state as state_lib
 
 _SIZE = flags.DEFINE_enum(
@@ -95,7 +96,7 @@ def _settings(method: str):
 def time_blocks(model, params, context: int, schedule) -> list:
   """Block diffusion with and without the KV cache, at every --generate length."""
   results = []
-  denoise_fn = lambda z, a: model.apply({"params": params}, z, a)  # One object: compiled once.
+  denoiser = Denoiser.of_network(model, params)
   for method in _METHODS.value:
     for (num_steps, threshold), total in (
       (setting, int(total)) for setting in _settings(method) for total in _GENERATE.value
@@ -112,10 +113,8 @@ def time_blocks(model, params, context: int, schedule) -> list:
         threshold=threshold,
       )
       runs = {
-        "cached": lambda key, common=common: block_sampler.sample_blocks_cached(
-          key, model, params, **common
-        ),
-        "window": lambda key, common=common: block_sampler.sample_blocks(key, denoise_fn, **common),
+        "cached": lambda key, common=common: decoder.sample(key, denoiser, cache="exact", **common),
+        "window": lambda key, common=common: decoder.sample(key, denoiser, **common),
       }
       row = {"method": method, "num_steps": num_steps, "threshold": threshold, "tokens": total}
       for name, run in runs.items():
@@ -143,18 +142,16 @@ def time_whole(model, params, length: int, schedule) -> list:
   for method in _METHODS.value:
     for num_steps, threshold in _settings(method):
       run = jax.jit(
-        lambda key, params, method=method, num_steps=num_steps, threshold=threshold: (
-          samplers.sample(
-            key,
-            lambda z, a: model.apply({"params": params}, z, a),
-            batch_size=_BATCH_SIZE.value,
-            length=length,
-            schedule=schedule,
-            mask_id=model.vocab_size,
-            method=method,
-            num_steps=num_steps,
-            threshold=threshold,
-          )
+        lambda key, params, method=method, num_steps=num_steps, threshold=threshold: decoder.sample(
+          key,
+          Denoiser.of_network(model, params),
+          batch_size=_BATCH_SIZE.value,
+          length=length,
+          schedule=schedule,
+          mask_id=model.vocab_size,
+          method=method,
+          num_steps=num_steps,
+          threshold=threshold,
         )
       )
       jax.block_until_ready(run(jax.random.PRNGKey(0), params))

@@ -48,7 +48,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import allocator, sharding

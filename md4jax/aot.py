@@ -35,12 +35,12 @@ from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.evaluation import evaluate
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
-from md4jax.sampling import samplers
+from md4jax.sampling import decoder
 from md4jax.training import objective, train
 from md4jax.training import state as state_lib
 
@@ -181,7 +181,7 @@ def sampler_step(config, model, mesh):
 
   def step(params, key):
     with sharding.activation_rules(mesh):
-      tokens, _ = samplers.sample(
+      tokens, _ = decoder.sample(
         key,
         objective.sampling_denoiser(model, params, config),
         batch_size=config.eval.batch_size,
@@ -197,27 +197,17 @@ def sampler_step(config, model, mesh):
 
 
 def _block_sampler_call(config, model, mesh):
-  """The block sampler's network call: b tokens read the cache of seq_len − b positions."""
+  """The block decoder's exact-cache call: b tokens read the cache of seq_len − b positions."""
   rows, block = config.eval.batch_size, model.block_size
-  head_dim = model.model_dim // model.num_heads
-  shape = (model.num_layers, rows, config.data.seq_len - block, model.num_heads, head_dim)
+  slots = config.data.seq_len - block
 
   def step(params, key):
+    denoiser = objective.sampling_denoiser(model, params, config)
     tokens = jax.random.randint(key, (rows, block), 0, config.data.vocab_size)
-    cache = {
-      "k": jnp.zeros(shape, model.dtype),
-      "v": jnp.zeros(shape, model.dtype),
-      "valid": jnp.ones(shape[2], bool),
-    }
-    positions = jnp.broadcast_to(shape[2] + jnp.arange(block), (rows, block))
+    cache = {**denoiser.cache_layout.empty(rows, slots), "valid": jnp.ones(slots, bool)}
+    positions = jnp.broadcast_to(slots + jnp.arange(block), (rows, block))
     with sharding.activation_rules(mesh):
-      logits, _ = model.apply(
-        {"params": objective.network_params(params)},
-        tokens,
-        jnp.ones((rows,), jnp.float32),
-        positions=positions,
-        cache=cache,
-      )
+      logits, _ = denoiser.block_call(tokens, jnp.ones((rows,), jnp.float32), positions, cache)
     return jnp.argmax(logits, axis=-1)
 
   return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
@@ -238,7 +228,7 @@ def model_flops_per_step(config, model) -> float:
 
 def analyze(config, topology: str) -> dict:
   """The AOT report of `config` on TPU slice `topology` (see the module docstring)."""
-  config = config_lib.resolve_preset(config)
+  config = config_lib.expand_preset(config)
   devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   specs = chip_specs(devices)
   mesh = sharding.make_mesh(config, devices)
@@ -320,4 +310,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

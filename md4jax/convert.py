@@ -20,16 +20,17 @@ import pathlib
 import shutil
 import types
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from jax.sharding import Mesh
 from ml_collections import config_flags
 
-from md4jax import config_lib, user_errors
+from md4jax import config as config_lib
+from md4jax import user_errors
+from md4jax.app import hf as hf_lib
+from md4jax.app import load
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.model import hf_folder, hf_params
 from md4jax.runtime import sharding
@@ -91,66 +92,22 @@ _FRESH_DATA_STATE = {"next_batch_index": 0}
 HF_CONFIG_FILE = "hf_config.json"
 
 
-def converted_config(
-  base: ml_collections.ConfigDict, options: dict, model_type: str, vocab_size: int = 0
-) -> ml_collections.ConfigDict:
-  """`base` with the model keys (and data.vocab_size) of a converted model of `options`."""
-  config = base.copy_and_resolve_references()
-  model = config.model
-  model.type, model.preset, model.time_conditioning = model_type, "none", "none"
-  model.norm, model.mlp, model.embed_dim, model.biases = "rms", "swiglu", 0, False
-  for key, value in options.items():
-    if key != "vocab_size":
-      model[key] = value
-  config.data.vocab_size = vocab_size or options["vocab_size"]
-  return config
-
-
 def _cpu():
   """The host's first CPU device: whole models are converted in host memory."""
   return jax.local_devices(backend="cpu")[0]
 
 
-def _check_fits(config: ml_collections.ConfigDict, params: dict):
-  """Raises ValueError unless params have exactly the model's param names and shapes."""
-  model = state_lib.build_model(config)
-  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
-  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, jnp.ones((1,)))["params"]
-  expected = jax.tree_util.tree_flatten_with_path(
-    jax.tree.map(lambda a: a.shape, nn.meta.unbox(boxed))
-  )[0]
-  got = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.shape, params))[0]
-  if dict(expected) != dict(got):
-    expected, got = dict(expected), dict(got)
-    wrong = [jax.tree_util.keystr(k) for k in set(expected) ^ set(got)]
-    wrong += [jax.tree_util.keystr(k) for k in set(expected) & set(got) if expected[k] != got[k]]
-    raise ValueError(f"The converted params do not fit the model at {sorted(wrong)[:5]}.")
-
-
 def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: int = 0):
   """Writes the md4jax workdir of the Hugging Face folder `source`; returns its config."""
-  hf = hf_folder.read_config(source)
-  options = hf_params.model_options(hf)
   workdir = workdir_lib.as_workdir(workdir)
   if workdir.checkpoints.is_dir() and any(workdir.checkpoints.iterdir()):
     raise ValueError(f"{workdir.checkpoints} already holds checkpoints: convert into a new --out.")
-  config = converted_config(config or config_lib.base_config(), options, model_type, vocab_size)
+  config, hf = hf_lib.folder_config(source, config, model_type, vocab_size)
   hf_tokenizer = pathlib.Path(source) / hf_folder.TOKENIZER_FILE
-  if hf_tokenizer.is_file():
-    config.data.tokenizer = "bpe"
+  if hf_tokenizer.is_file():  # The workdir keeps its own copy.
     config.data.tokenizer_path = str(workdir.tokenizer.absolute())
-    size = tokenizer_lib.load(hf_tokenizer).vocab_size
-    if config.data.dataset != "markov" and size != config.data.vocab_size:
-      raise ValueError(
-        f"{hf_tokenizer} has {size} ids but the model {config.data.vocab_size} token rows; text "
-        f"data needs them equal (the mask id is one past the last): pass --vocab_size={size} "
-        "if the rows past it are padding."
-      )
   config_lib.validate_config(config, jax.device_count(), jax.devices()[0].platform)
-  params = hf_params.to_md4jax(
-    hf_folder.read_weights(source), options, config.model.scan_layers, vocab_size
-  )
-  _check_fits(config, params)
+  params = hf_lib.folder_params(source, config, hf, vocab_size)
   with workdir_lib.Lock(workdir, "convert"):
     if hf_tokenizer.is_file():
       shutil.copyfile(hf_tokenizer, workdir.tokenizer)
@@ -158,7 +115,9 @@ def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: 
       state = state_lib.state_from_params(
         config, state_lib.make_optimizer(config), jax.tree.map(jnp.asarray, params)
       )
-      manager = checkpoint.make_manager(workdir, config.training.max_checkpoints_to_keep)
+      manager = checkpoint.make_manager(
+        workdir.checkpoints, config.training.max_checkpoints_to_keep
+      )
       checkpoint.save(manager, 0, state, _FRESH_DATA_STATE, config)
       checkpoint.wait(manager)
     workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
@@ -166,53 +125,32 @@ def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: 
   return config
 
 
-def md4jax_options(config: ml_collections.ConfigDict) -> dict:
-  """hf_params' model options of a workdir's config; ValueError naming a key no Hugging Face
-  Llama or Qwen2 has an equivalent of."""
-  model = config.model
-  for key, wanted in (
-    ("norm", "rms"),
-    ("mlp", "swiglu"),
-    ("time_conditioning", "none"),
-    ("embed_dim", 0),
-  ):
-    if model[key] != wanted:
-      raise ValueError(
-        f"model.{key}={model[key]!r}: Llama and Qwen2 have no equivalent; export needs {wanted!r}."
-      )
-  keys = ("num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_dim", "norm_eps")
-  keys += ("rope_base", "qkv_bias", "tie_embeddings")
-  return {**{key: model[key] for key in keys}, "vocab_size": config.data.vocab_size}
-
-
 def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> dict:
   """Writes the Hugging Face folder `out` of the workdir's newest checkpoint; returns its
   config.json."""
   workdir = workdir_lib.as_workdir(workdir)
-  config = config_lib.workdir_config(workdir.root, "--in")
-  options = md4jax_options(config)
+  options = hf_lib.md4jax_options(config_lib.workdir_config(workdir.root, "--in"))
   hf_config_path = workdir.root / HF_CONFIG_FILE
   base = json.loads(hf_config_path.read_text()) if hf_config_path.is_file() else None
   if dtype_name is None:
     saved = [base[k] for k in ("dtype", "torch_dtype") if base and base.get(k) in hf_folder.DTYPES]
     dtype_name = saved[0] if saved else "float32"
   mesh = Mesh(np.asarray([_cpu()]).reshape(1, 1, 1), sharding.MESH_AXES)
-  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
-  restored = checkpoint.restore_workdir(workdir, abstract, f"--in={str(workdir.root)!r}", log)
-  params = restored.state.ema_params if which == "ema" else restored.state.params
-  params = jax.device_get(objective.network_params(params))
+  loaded = load.load(
+    workdir.root, params=which, mesh=mesh, role="--in", check_config=False, log=log
+  )
+  params = jax.device_get(objective.network_params(loaded.params))
   tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name])
-  hf = hf_params.hf_config(options, dtype_name, config.data.seq_len, base)
+  hf = hf_params.hf_config(options, dtype_name, loaded.config.data.seq_len, base)
   hf_folder.write_safetensors(pathlib.Path(out) / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})
   hf_folder.write_config(out, hf)
   # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
   if workdir.tokenizer.is_file() and tokenizer_lib.load(workdir.tokenizer).kind == "bpe":
     shutil.copyfile(workdir.tokenizer, pathlib.Path(out) / hf_folder.TOKENIZER_FILE)
   log(
-    f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {restored.step}'s {which} params."
+    f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {loaded.step}'s {which} params."
   )
-  if config.model.type == "mdm":
+  if loaded.config.model.type == "mdm":
     log(
       "Note: a model.type='mdm' model is a bidirectional denoiser without its mask row; "
       "transformers runs these weights as a causal LM."
@@ -247,4 +185,4 @@ def main(argv, cli: types.SimpleNamespace):
 
 
 if __name__ == "__main__":
-  app.run(functools.partial(main, cli=_define_flags()))
+  app.run(functools.partial(main, cli=_define_flags()), flags_parser=config_lib.parse_flags)

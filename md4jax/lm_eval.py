@@ -18,7 +18,7 @@ def main():
     from lm_eval.__main__ import cli_evaluate  # pylint: disable=g-import-not-at-top
   except ImportError:
     sys.exit("md4jax: error: lm-eval is not installed; pip install -e '.[lmeval]'.")
-  from md4jax.evaluation import harness  # pylint: disable=g-import-not-at-top  (registers md4jax)
+  from md4jax.app import harness  # pylint: disable=g-import-not-at-top  (registers md4jax)
 
   with user_errors.in_one_line("md4jax", (harness.HarnessError,)):
     cli_evaluate()

@@ -20,13 +20,18 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from md4jax import config_lib, modes, user_errors
+from md4jax import config as config_lib
+from md4jax import user_errors
+from md4jax.app import modes
 from md4jax.runtime import allocator
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Path to a config file (configs/*.py).", lock_config=True
+  "config",
+  None,
+  "A config: md4jax's by name (default, tiny, text8:cpu, ...) or a config file's path.",
+  lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and samples.")
 _MODE = flags.DEFINE_enum(
@@ -34,7 +39,7 @@ _MODE = flags.DEFINE_enum(
   "train",
   ["train", "eval", "sample", "frontier"],
   "train (then eval and sample), or eval / sample / sweep the sample-quality "
-  "frontier (md4jax.evaluation.frontier) of the latest checkpoint.",
+  "frontier (md4jax.app.frontier) of the latest checkpoint.",
 )
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
   "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes."
@@ -104,9 +109,9 @@ def main(argv):
   with user_errors.in_one_line("md4jax", USER_ERRORS, flags.FLAGS["verbosity"].present):
     # The overrides on the command line are explicit: a preset may not silently replace them.
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
-    config = config_lib.resolve_preset(_CONFIG.value, explicit=overrides)
+    config = config_lib.expand_preset(_CONFIG.value, explicit=overrides)
     _MODES[_MODE.value](config, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

@@ -14,7 +14,7 @@ STREAMS = {
   "sample": 4,  # The samples at the end of training and of --mode=sample.
   "judged_samples": 5,  # The fresh samples the AR judge scores (eval.judge_workdir).
   "frontier": 6,  # --mode=frontier's samples, one fold per point.
-  "lm_eval": 7,  # The lm-evaluation-harness model's draws (md4jax.evaluation.harness_model).
+  "lm_eval": 7,  # The lm-evaluation-harness model's draws (md4jax.app.harness_model).
 }
 
 

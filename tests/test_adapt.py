@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import modes
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import adaptation, checkpoint, objective, train
 from md4jax.training import state as state_lib
 
@@ -156,60 +158,67 @@ def _saved_workdir(path, config, ema_offset=0.5):
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = state_lib.init_state(config, model, optimizer, mesh)
   state = state.replace(ema_params=jax.tree.map(lambda p: p + ema_offset, state.params))
-  manager = checkpoint.make_manager(path, 1)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(path).checkpoints, 1)
   checkpoint.save(manager, 7, state, {"next_batch_index": 7}, config)
   checkpoint.wait(manager)
   (path / "config.json").write_text(config.to_json_best_effort(indent=2))
   return state, mesh
 
 
-def test_init_from_starts_a_fresh_mdm_run_at_the_ar_ema(tmp_path):
-  ar_state, mesh = _saved_workdir(tmp_path / "ar", _ar_config())
+def _fresh_run(config, workdir):
+  """A Run of config in a new workdir: its step-0 state (a random init, or init_from's)."""
+  run = modes.Run(config, workdir)
+  try:
+    return run.state, run
+  finally:
+    run.close()
+
+
+def test_init_from_starts_a_fresh_mdm_run_at_the_ar_ema(tmp_path, capsys):
+  ar_state, _ = _saved_workdir(tmp_path / "ar", _ar_config())
   config = config_lib.load_config(f"adapt:{tmp_path / 'ar'}")
   assert config.model.type == "mdm" and config.model.shifted_prediction
   assert config.training.init_from == str(tmp_path / "ar")
   assert config.training.attention_anneal_steps > 0
   config.training.attention_anneal_steps = 10
-  config_lib.validate_config(config, num_devices=1)
-  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  lines = []
-  source_config = config_lib.workdir_config(config.training.init_from, "training.init_from")
-  state = adaptation.initial_state(config, model, optimizer, mesh, source_config, lines.append)
+  state, run = _fresh_run(config, tmp_path / "adapted")
+  assert int(state.step) == 0 and run.restored_step is None
   assert (
-    int(state.step) == 0 and "step 7" in lines[-1] and "model.type 'ar', now 'mdm'" in lines[-1]
+    f"Starting from the EMA params of step 7 in {tmp_path / 'ar' / 'checkpoints'} "
+    "(model.type 'ar', now 'mdm')" in capsys.readouterr().out
   )
   jax.tree.map(np.testing.assert_array_equal, state.params, ar_state.ema_params)
   jax.tree.map(np.testing.assert_array_equal, state.ema_params, ar_state.ema_params)
-  fresh = optimizer.init(state.params)
+  fresh = run.optimizer.init(state.params)
   jax.tree.map(np.testing.assert_array_equal, state.opt_state, fresh)
   # Laid out as the run's own fresh state.
-  expected = state_lib.state_shardings(state_lib.abstract_state(config, model, optimizer, mesh))
+  expected = state_lib.state_shardings(run.abstract_state)
   assert jax.tree.map(lambda a: a.sharding, state) == expected
 
 
 def test_adaptation_errors_name_the_key(tmp_path):
   config = _adapted(_ar_config())
   config.training.init_from = str(tmp_path / "missing")
-  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), sharding.MESH_AXES)
   with pytest.raises(ValueError, match="training.init_from=.*missing.*no config.json there"):
     config_lib.workdir_config(config.training.init_from, "training.init_from")
+  with pytest.raises(ValueError, match="training.init_from=.*missing.*no config.json there"):
+    _fresh_run(config, tmp_path / "run_missing")
   wider = _ar_config()
   wider.model.model_dim = 64
   _saved_workdir(tmp_path / "wide", wider)
   config.training.init_from = str(tmp_path / "wide")
   with pytest.raises(ValueError, match=r"do not fit this model .*\(64,"):
-    adaptation.initial_state(config, model, optimizer, mesh, wider)
+    _fresh_run(config, tmp_path / "run_wide")
   _saved_workdir(tmp_path / "unreadable", _ar_config())
   (tmp_path / "unreadable" / "checkpoints" / "7").rename(
     tmp_path / "unreadable" / "checkpoints" / "x"
   )
   config.training.init_from = str(tmp_path / "unreadable")
   with pytest.raises(checkpoint.CheckpointError, match="init_from=.*unreadable.*: no checkpoint"):
-    adaptation.initial_state(config, model, optimizer, mesh, _ar_config())
+    _fresh_run(config, tmp_path / "run_unreadable")
   shutil.rmtree(tmp_path / "unreadable" / "checkpoints")
   with pytest.raises(checkpoint.CheckpointError, match="init_from=.*unreadable.*: no checkpoint"):
-    adaptation.initial_state(config, model, optimizer, mesh, _ar_config())
+    _fresh_run(config, tmp_path / "run_unreadable")
   assert not (tmp_path / "unreadable" / "checkpoints").exists()  # Never created.
   mdm = config_lib.load_config("tiny")
   (tmp_path / "mdm").mkdir()

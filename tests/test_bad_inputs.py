@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_recovery import tiny  # pylint: disable=g-bad-import-order  (tests/ is on sys.path)
 
-from md4jax import modes
+from md4jax.app import modes
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 
@@ -349,7 +349,7 @@ CASES = [
   ),
   Case(
     "judge folder that is no workdir",
-    r"eval.judge_workdir='.*': no config.json there; name a workdir md4jax trained or "
+    r"eval.judge_workdir='.*': no config.json there .*; name a workdir md4jax trained or "
     r"converted",
     mode="eval",
     overrides={"eval__judge_workdir": "/nonexistent"},
@@ -357,7 +357,7 @@ CASES = [
   Case(
     "checkpoint of another model",
     r"Cannot resume from the checkpoints in .*: this config changes "
-    r"what they hold \(model.num_layers: 1 → 2; model.model_dim: 32 → 64\)",
+    r"what they hold \(model.model_dim: 32 → 64; model.num_layers: 1 → 2\)",
     overrides={"model__num_layers": 2, "model__model_dim": 64},
   ),
   # Workdirs.

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.diffusion import blocks, bounds, groundtruth, schedules
 from md4jax.model.attention import block_pattern, softmax_attention
 from md4jax.model.splash import splash_attention

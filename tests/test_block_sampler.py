@@ -1,6 +1,6 @@
-"""Block diffusion's sampler: the KV-cached loop draws the reference's tokens bit for bit on the same
-keys (every method, with a prompt), runs past the context with a sliding cache, and the reference
-with the exact oracle draws the true chain."""
+"""Block diffusion through the block decoder: the exact KV cache draws the window re-run's tokens
+bit for bit on the same keys (every method, with a prompt), runs past the context with a sliding
+cache, and the window re-run with the exact oracle draws the true chain."""
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +9,9 @@ import oracles
 import pytest
 
 from md4jax.diffusion import groundtruth, schedules
+from md4jax.diffusion.denoiser import Denoiser
 from md4jax.model.transformer import Transformer
-from md4jax.sampling import block_sampler
+from md4jax.sampling import decoder
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -62,11 +63,11 @@ def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
   model, params = network
   common = _prompted(method, **kwargs)
   key = jax.random.PRNGKey(3)
-  reference, info = block_sampler.sample_blocks(
+  reference, info = decoder.sample(
     key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
   )
-  cached, cached_info = block_sampler.sample_blocks_cached(
-    key, model, params, context_length=16, **common
+  cached, cached_info = decoder.sample(
+    key, Denoiser.of_network(model, params), cache="exact", context_length=16, **common
   )
   np.testing.assert_array_equal(np.asarray(cached), np.asarray(reference))
   assert not np.any(np.asarray(cached) == MASK_ID)
@@ -86,14 +87,20 @@ def test_guided_cached_tokens_equal_the_guided_reference(network, method, kwargs
   params = jax.tree.map(lambda p: p / 3.0, sharp)  # The init's: sharp logits hide guidance.
   common = _prompted(method, guidance_scale=1.5, **kwargs)
   key = jax.random.PRNGKey(3)
-  reference, _ = block_sampler.sample_blocks(
+  reference, _ = decoder.sample(
     key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
   )
-  cached, info = block_sampler.sample_blocks_cached(key, model, params, context_length=16, **common)
+  cached, info = decoder.sample(
+    key, Denoiser.of_network(model, params), cache="exact", context_length=16, **common
+  )
   np.testing.assert_array_equal(np.asarray(cached), np.asarray(reference))
   assert info["cache_bytes"] == 2 * 2 * 16 * 12 * 32 * 4  # The prompt-masked rows' cache too.
-  unguided, _ = block_sampler.sample_blocks_cached(
-    key, model, params, context_length=16, **{**common, "guidance_scale": 0.0}
+  unguided, _ = decoder.sample(
+    key,
+    Denoiser.of_network(model, params),
+    cache="exact",
+    context_length=16,
+    **{**common, "guidance_scale": 0.0},
   )
   assert np.any(np.asarray(unguided) != np.asarray(cached))  # Guidance changed the draws.
 
@@ -108,13 +115,13 @@ def test_past_the_context_the_cache_slides(network):
     method="first_hitting",
   )
   key = jax.random.PRNGKey(5)
-  long, info = block_sampler.sample_blocks_cached(
-    key, model, params, length=40, context_length=8, **common
+  long, info = decoder.sample(
+    key, Denoiser.of_network(model, params), cache="exact", length=40, context_length=8, **common
   )
   assert long.shape == (4, 40) and not np.any(np.asarray(long) == MASK_ID)
   assert info["num_blocks"] == 10 and info["cache_bytes"] == 2 * 2 * 4 * 4 * 32 * 4
   # Until the ring wraps (the first two blocks), the window re-run and the cache agree exactly.
-  window, _ = block_sampler.sample_blocks(
+  window, _ = decoder.sample(
     key,
     lambda z, alpha: model.apply({"params": params}, z, alpha),
     length=40,
@@ -126,10 +133,10 @@ def test_past_the_context_the_cache_slides(network):
 
 def test_a_context_of_one_block_keeps_no_cache(network):
   model, params = network
-  tokens, info = block_sampler.sample_blocks_cached(
+  tokens, info = decoder.sample(
     jax.random.PRNGKey(0),
-    model,
-    params,
+    Denoiser.of_network(model, params),
+    cache="exact",
     batch_size=2,
     length=10,
     block_size=BLOCK,
@@ -143,15 +150,12 @@ def test_a_context_of_one_block_keeps_no_cache(network):
 
 def test_bad_shapes_are_refused(network):
   model, params = network
-  common = dict(batch_size=2, length=8, schedule="linear", mask_id=MASK_ID)
+  common = dict(batch_size=2, length=8, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID)
+  common.update(denoise_fn=Denoiser.of_network(model, params), cache="exact", num_steps=2)
   with pytest.raises(ValueError, match="multiple of block_size"):
-    block_sampler.sample_blocks_cached(
-      jax.random.PRNGKey(0), model, params, block_size=BLOCK, context_length=6, **common
-    )
+    decoder.sample(jax.random.PRNGKey(0), block_size=BLOCK, context_length=6, **common)
   with pytest.raises(ValueError, match="blocks of 4 tokens"):
-    block_sampler.sample_blocks_cached(
-      jax.random.PRNGKey(0), model, params, block_size=2, context_length=8, **common
-    )
+    decoder.sample(jax.random.PRNGKey(0), block_size=2, context_length=8, **common)
 
 
 @pytest.mark.parametrize("block_size,method", [(1, "ancestral"), (4, "first_hitting")])
@@ -160,7 +164,7 @@ def test_with_the_oracle_blocks_draw_the_true_chain(block_size, method):
   # b = 1 any method does: the blocks then chain to the exact law.
   language = groundtruth.MarkovLanguage(VOCAB, seed=1)
   length = 12
-  tokens, _ = block_sampler.sample_blocks(
+  tokens, _ = decoder.sample(
     jax.random.PRNGKey(2),
     language.denoise_fn(MASK_ID),
     batch_size=3000,

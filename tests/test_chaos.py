@@ -15,8 +15,9 @@ import time
 import chex
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
 
@@ -51,7 +52,11 @@ def _final(workdir):
     state_lib.make_optimizer(config),
     sharding.make_mesh(config),
   )
-  return checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract, log=lambda _: None)
+  return checkpoint.restore(
+    checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3),
+    abstract,
+    log=lambda _: None,
+  )
 
 
 def _metrics(workdir):

@@ -5,9 +5,10 @@ import chex
 import jax
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, train
 from md4jax.training import state as state_lib
 
@@ -36,7 +37,7 @@ def saved_under_fsdp(tmp_path_factory):
   mesh = sharding.make_mesh(config)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
   state = _steps(config, mesh, state_lib.init_state(config, model, optimizer, mesh), 0, 2)
-  manager = checkpoint.make_manager(workdir, 3)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3)
   checkpoint.save(manager, 2, state, {"next_batch_index": 2}, config)
   manager.wait_until_finished()
   return workdir, jax.device_get(_steps(config, mesh, state, 2, 2))
@@ -51,7 +52,9 @@ def test_fsdp_checkpoint_restores_on_other_meshes_and_continues(saved_under_fsdp
   abstract = state_lib.abstract_state(
     config, state_lib.build_model(config), state_lib.make_optimizer(config), mesh
   )
-  restored = checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract)
+  restored = checkpoint.restore(
+    checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3), abstract
+  )
   step, state = restored.step, restored.state
   assert step == 2 and restored.data_state == {"next_batch_index": 2}
   assert (

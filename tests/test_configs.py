@@ -1,13 +1,22 @@
 """Configs: every file builds and validates; bad values fail with a message naming the key."""
 
+import inspect
 import pathlib
 import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import generate
+from md4jax.evaluation import likelihoods
+from md4jax.sampling import decoder
+from md4jax.training import objective
+from md4jax.training import state as state_lib
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = config_lib.CONFIG_DIR
 CONFIG_NAMES = (
   "default",
   "default:bd3",
@@ -68,7 +77,7 @@ def test_required_top_level_keys():
 
 
 def test_every_key_is_commented():
-  source = (pathlib.Path(config_lib.__file__)).read_text()
+  source = pathlib.Path(inspect.getsourcefile(config_lib.base_config)).read_text()
   assignments = re.findall(r"^\s+config\.[\w.]+ = (?!ml_collections).*$", source, re.MULTILINE)
   assert len(assignments) > 30
   undocumented = [line.strip() for line in assignments if "  # " not in line]
@@ -201,8 +210,8 @@ def _bad(name="tiny", num_devices=1, **overrides):
     (dict(diffusion__block_size=5), r"diffusion.block_size=5 must be 0 or divide data.seq_len=16"),
     (dict(sample__cache="triple"), r"sample.cache='triple' is unknown"),
     (
-      dict(sample__guidance_scale=1.0, sample__prompt="1", sample__length=40),
-      r"sample.guidance_scale with sample.length > data.seq_len",
+      dict(sample__length=40, sample__block_length=3),
+      r"sample.length=40 > data.seq_len=16 samples blocks .* which the block length must divide",
     ),
     (dict(training__mask_rates="0.5,0.2"), r"training.mask_rates must be \"\" or \"β,ω\""),
     (dict(training__mask_rates="low"), r"training.mask_rates must be"),
@@ -266,7 +275,7 @@ def test_every_likelihood_validates(likelihood, parsed):
   config = load("tiny")
   config.eval.likelihood = likelihood
   config_lib.validate_config(config, num_devices=1)
-  assert config_lib.parse_likelihood(likelihood) == parsed
+  assert likelihoods.parse_likelihood(likelihood) == parsed
 
 
 @pytest.mark.parametrize(
@@ -274,8 +283,26 @@ def test_every_likelihood_validates(likelihood, parsed):
   [dict(diffusion__block_size=4), dict(sample__cache="prefix", sample__block_length=4)],
   ids=["block_diffusion", "prefix_cache"],
 )
-def test_guidance_validates_with_blocks_and_caches(overrides):
-  _bad(sample__guidance_scale=1.5, sample__prompt="1", **overrides)()  # Raises if refused.
+def test_guidance_validates_and_samples_with_blocks_and_caches(overrides):
+  config = load("tiny")
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    config[section][name] = value
+  config.sample.guidance_scale, config.sample.prompt = 1.5, "1 2"
+  config_lib.validate_config(config, num_devices=1)
+  model = state_lib.build_model(config)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))["params"]
+  how = generate.decoding(config, model, config.data.seq_len)
+  assert (how["block_size"], how["cache"]) == (4, "exact" if model.block_size else "prefix")
+  tokens, info = decoder.sample(
+    jax.random.PRNGKey(1),
+    objective.sampling_denoiser(model, params, config),
+    batch_size=2,
+    length=16,
+    prompt=np.asarray([1, 2]),
+    **dict(generate.sampler_kwargs(config, params), **how),
+  )
+  assert np.all(np.asarray(tokens)[:, :2] == [1, 2]) and int(info["num_blocks"]) == 4
 
 
 def test_batch_not_divisible_by_devices():
@@ -337,7 +364,11 @@ def test_batch_not_divisible_by_devices():
       r"sample.remask='always' is unknown",
     ),
     (dict(sample__remask_eta=2.0), 1, r"sample.remask_eta must be in \[0, 1\]"),
-    (dict(sample__guidance_scale=1.0), 1, r"sample.guidance_scale needs sample.prompt"),
+    (
+      dict(sample__guidance_scale=1.0),
+      1,
+      r"sample.guidance_scale needs a prompt \(sample.prompt\)",
+    ),
     (dict(frontier__thresholds="0.5,2"), 1, r"frontier.thresholds must be"),
     (dict(model__attention="splash"), 1, r"'splash' is a TPU kernel; this run's devices are 'cpu'"),
     (
@@ -405,7 +436,7 @@ def test_cached_sampler_needs_a_time_free_denoiser():
     (
       dict(model__preset="md4"),
       r"model.preset='md4' sets model.time_conditioning='adaln'.*"
-      r"resolve the preset first",
+      r"expand the preset first",
     ),
     (
       dict(diffusion__endpoint_terms="none"),
@@ -428,10 +459,10 @@ def test_md4_option_values_raise_clear_errors(overrides, match):
 
 def test_md4_preset_resolves_to_md4s_text_network():
   """On text8's shape the preset sets MD4's text8 network; the config passed in is not changed,
-  and the resolved one validates and resolves to itself."""
+  and the expanded one validates and expands to itself."""
   config = load("text8")
   config.model.preset = "md4"
-  resolved = config_lib.resolve_preset(config)
+  resolved = config_lib.expand_preset(config)
   model = resolved.model
   assert config.model.norm == "rms" and model.norm == "layer"  # A copy.
   assert (
@@ -453,29 +484,34 @@ def test_md4_preset_resolves_to_md4s_text_network():
     2048,
   )
   config_lib.validate_config(resolved, num_devices=1)
-  assert config_lib.resolve_preset(resolved).to_dict() == resolved.to_dict()
+  assert config_lib.expand_preset(resolved).to_dict() == resolved.to_dict()
   plain = load("text8")
-  assert config_lib.resolve_preset(plain) is plain  # "none": nothing to set.
+  assert config_lib.expand_preset(plain) is plain  # "none": nothing to set.
   assert [config_lib.md4_mlp_dim(d) for d in (64, 192, 256, 768)] == [192, 512, 704, 2048]
 
 
 def test_md4_preset_owns_its_keys():
-  """A key at its base value takes the preset's; one set to anything else, or overridden on the
-  command line (explicit) to anything but the preset's value, is an error naming it."""
+  """A key nothing set takes the preset's value; one the config or the command line set to
+  anything else, its base value included, is an error naming both values."""
   config = load("tiny")  # mlp_dim 64: neither the base 256 nor MD4's 96 for width 32.
   config.model.preset = "md4"
   with pytest.raises(
     ValueError,
-    match=r"model.preset='md4' sets model.mlp_dim=96, but the config "
-    r"sets 64: a preset owns its keys \(set it to 96, or leave it at "
-    r"its base value 256\)",
+    match=r"model.preset='md4' sets model.mlp_dim=96, but the config sets model.mlp_dim=64: a "
+    r"preset owns its keys \(drop model.mlp_dim, or set it to 96\)",
   ):
-    config_lib.resolve_preset(config)
+    config_lib.expand_preset(config)
   config.model.mlp_dim = 96
-  assert config_lib.resolve_preset(config).model.norm == "layer"
-  with pytest.raises(ValueError, match=r"sets model.norm='layer', but the config sets 'rms'"):
-    config_lib.resolve_preset(config, explicit=["model.norm", "num_train_steps"])
-  config_lib.resolve_preset(config, explicit=["model.mlp_dim"])  # Already MD4's value.
+  assert config_lib.expand_preset(config).model.norm == "layer"
+  config.model.norm = "rms"  # The base value, set: no longer taken for "left alone".
+  with pytest.raises(ValueError, match=r"sets model.norm='layer', but the config sets model.norm"):
+    config_lib.expand_preset(config)
+  with pytest.raises(
+    ValueError, match=r"sets model.norm='layer', but the command line sets --config.model.norm="
+  ):
+    config_lib.expand_preset(config, explicit=["model.norm", "num_train_steps"])
+  config.model.norm = "layer"
+  config_lib.expand_preset(config, explicit=["model.norm"])  # Already MD4's value.
   config.model.type = "ar"
   with pytest.raises(ValueError, match=r"model.preset='md4' is a diffusion denoiser"):
-    config_lib.resolve_preset(config)
+    config_lib.expand_preset(config)

@@ -10,7 +10,7 @@ from absl.testing import parameterized
 
 from md4jax.diffusion import bounds, groundtruth, schedules
 from md4jax.model.transformer import Transformer
-from md4jax.sampling import samplers
+from md4jax.sampling import decoder
 
 VOCAB, LENGTH = 5, 8
 
@@ -58,7 +58,7 @@ class MathVariantsTest(chex.TestCase):
     denoise = self.language.denoise_fn(VOCAB)
     prompt = jnp.array([1, 2] + [VOCAB] * (LENGTH - 2))
     tokens, _ = self.variant(
-      lambda key: samplers.sample(
+      lambda key: decoder.sample(
         key,
         denoise,
         batch_size=4,
@@ -119,7 +119,7 @@ def _oracle(unused=None):
       "must return logits \\[B, L, V\\]",
     ),
     (
-      lambda: samplers.sample(
+      lambda: decoder.sample(
         jax.random.PRNGKey(0),
         _oracle(None),
         batch_size=2,
@@ -129,7 +129,7 @@ def _oracle(unused=None):
         num_steps=2,
         prompt=jnp.zeros((LENGTH + 1,), jnp.int32),
       ),
-      "sample: prompt must be \\[length\\] or \\[batch_size, length\\]",
+      "sample: prompt must be \\[P\\] or \\[batch_size, P\\] with P <= length",
     ),
     (
       lambda: schedules.get_schedule("cosine").alpha(jnp.arange(3)),

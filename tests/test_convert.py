@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from md4jax import config_lib, convert
+from md4jax import config as config_lib
+from md4jax import convert
 from md4jax.model import hf_folder, hf_params
 from md4jax.model.transformer import Transformer
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
 
@@ -37,7 +39,7 @@ def restored_params(workdir):
   config = config_lib.from_saved(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
   mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), sharding.MESH_AXES)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  manager = checkpoint.make_manager(workdir, 1)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 1)
   restored = checkpoint.restore(manager, state_lib.abstract_state(config, model, optimizer, mesh))
   assert restored.step == 0 and restored.data_state == {"next_batch_index": 0}
   return config, model, restored.state
@@ -221,8 +223,8 @@ def test_tied_embeddings_need_the_full_width():
 
 @pytest.mark.parametrize("num_kv_heads", [0, 1])
 def test_grouped_heads_serve_the_block_samplers_cache(num_kv_heads):
-  """With fewer key/value heads the cache still holds [.., H, Dh] (the repeated heads): two cached
-  block calls give the logits of block diffusion's one pass."""
+  """With fewer key/value heads the cache holds [.., Hkv, Dh] (each head once, not repeated):
+  two cached block calls give the logits of block diffusion's one pass."""
   model = Transformer(
     vocab_size=11,
     num_layers=2,
@@ -239,12 +241,14 @@ def test_grouped_heads_serve_the_block_samplers_cache(num_kv_heads):
   params = model.init(jax.random.PRNGKey(1), tokens)["params"]
   params = jax.tree.map(lambda p: p + 0.1, params)  # Nonzero biases.
   whole = model.apply({"params": params}, tokens)
-  empty = jnp.zeros((2, 3, 0, 2, 16))
+  kv_heads = num_kv_heads or 2
+  empty = jnp.zeros((2, 3, 0, kv_heads, 16))
   cache = {"k": empty, "v": empty, "valid": jnp.zeros((0,), bool)}
   positions = jnp.broadcast_to(jnp.arange(8), (3, 8))
   first, kv = model.apply(
     {"params": params}, tokens[:, :4], positions=positions[:, :4], cache=cache
   )
+  assert kv["k"].shape == kv["v"].shape == (2, 3, 4, kv_heads, 16)
   cache = {**kv, "valid": jnp.ones((4,), bool)}
   second, _ = model.apply(
     {"params": params}, tokens[:, 4:], positions=positions[:, 4:], cache=cache

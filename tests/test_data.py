@@ -3,7 +3,8 @@
 import jax
 import numpy as np
 
-from md4jax import config_lib, rng
+from md4jax import config as config_lib
+from md4jax import rng
 from md4jax.data import sources
 
 

@@ -31,7 +31,7 @@ def test_configuration_reference_is_current():
 
 
 def test_configuration_reference_lists_every_key_with_its_meaning():
-  from md4jax import config_lib  # pylint: disable=import-outside-toplevel
+  from md4jax import config as config_lib  # pylint: disable=import-outside-toplevel
 
   generator = _generator()
   comments, _, _ = generator.parse_base_config(config_lib.base_config)
@@ -61,7 +61,7 @@ def test_readme_keeps_the_commands_ci_runs():
   assert "python -m pytest -q tests" in text
 
 
-@pytest.mark.parametrize("where", ["README.md", "docs", "md4jax", "configs"])
+@pytest.mark.parametrize("where", ["README.md", "docs", "md4jax", "benchmarks"])
 def test_nothing_points_outside_the_repository(where):
   """A user's clone has no ../shared: no file it ships may refer to one."""
   path = ROOT / where

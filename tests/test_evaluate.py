@@ -10,10 +10,11 @@ import numpy as np
 import oracles
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import plots, report
 from md4jax.data import sources
 from md4jax.diffusion import groundtruth
-from md4jax.evaluation import estimates, evaluate, plots, report
+from md4jax.evaluation import estimates, evaluate
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 

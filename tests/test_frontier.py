@@ -7,9 +7,10 @@ import numpy as np
 import oracles
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import frontier
 from md4jax.data import sources
-from md4jax.evaluation import evaluate, frontier
+from md4jax.evaluation import evaluate
 from md4jax.runtime import sharding
 
 

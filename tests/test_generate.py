@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from md4jax import config_lib
+from md4jax import config as config_lib
+from md4jax.app import generate
 from md4jax.data import sources
 from md4jax.runtime import sharding
-from md4jax.sampling import generate
 from md4jax.training import objective
 from md4jax.training import state as state_lib
 

@@ -9,9 +9,9 @@ import pytest
 import test_sampling  # pylint: disable=g-bad-import-order
 import test_train  # pylint: disable=g-bad-import-order  (tests/ is on sys.path under pytest)
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.diffusion import bounds, genmd4, groundtruth, masking, schedules
-from md4jax.sampling import categorical, samplers
+from md4jax.sampling import categorical, decoder, samplers
 from md4jax.training import objective
 
 VOCAB = 6
@@ -237,7 +237,7 @@ def test_exponent_gradient_matches_finite_difference_of_exact_bound(gradient_set
 # ---- The sampler ----
 def _samples(language, schedule, num_steps, batch_size=4000, **kwargs):
   run = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID, schedule),
       batch_size=batch_size,
@@ -273,7 +273,7 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
   key, num_steps, batch = jax.random.PRNGKey(2), 6, 64
   denoise_fn = language.denoise_fn(MASK_ID, schedule)
   tokens, info = jax.jit(
-    lambda k: samplers.sample(
+    lambda k: decoder.sample(
       k,
       denoise_fn,
       batch_size=batch,
@@ -304,7 +304,7 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
 def test_sampler_refuses_methods_that_assume_one_mask_rate(language, schedule):
   for method in ("cached", "first_hitting", "confidence"):
     with pytest.raises(ValueError, match="samples with method='ancestral' only"):
-      samplers.sample(
+      decoder.sample(
         jax.random.PRNGKey(0),
         language.denoise_fn(MASK_ID, schedule),
         batch_size=2,

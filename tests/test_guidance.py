@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import block_sampler, blockwise, samplers
+from md4jax.sampling import decoder, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -26,7 +26,7 @@ def _responses(
   """Guided draws given prompt's first PROMPT_LENGTH tokens; blocks: by block diffusion's
   sampler, in blocks of PROMPT_LENGTH tokens (the prompt is the first block)."""
   if blocks:
-    return block_sampler.sample_blocks(
+    return decoder.sample(
       jax.random.PRNGKey(seed),
       language.denoise_fn(MASK_ID),
       batch_size=n,
@@ -41,7 +41,7 @@ def _responses(
     )
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
   run = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=n,
@@ -71,7 +71,7 @@ def test_scale_zero_is_the_conditional_model_bit_for_bit(language):
   plain, _ = _responses(language, 0.0, prompt, n=64)
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
   unguided = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=64,
@@ -116,7 +116,7 @@ def test_guidance_sharpens_the_law_towards_the_prompt(language, blocks):
 def test_guidance_works_with_every_sampler(language, method, num_steps):
   prompt = jnp.array([2, 5] + [0] * (LENGTH - 2))
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
-  tokens, info = samplers.sample(
+  tokens, info = decoder.sample(
     jax.random.PRNGKey(1),
     language.denoise_fn(MASK_ID),
     batch_size=32,
@@ -139,7 +139,7 @@ def test_one_block_of_block_diffusion_guides_as_sample_does(language):
   prompt = jnp.array([3, 1] + [0] * (LENGTH - 2))
   common = dict(batch_size=64, length=LENGTH, mask_id=MASK_ID, guidance_scale=2.0)
   common.update(schedule=schedules.get_schedule("linear"), method="ancestral", num_steps=5)
-  blocks, _ = block_sampler.sample_blocks(
+  blocks, _ = decoder.sample(
     jax.random.PRNGKey(2),
     language.denoise_fn(MASK_ID),
     block_size=LENGTH,
@@ -147,8 +147,8 @@ def test_one_block_of_block_diffusion_guides_as_sample_does(language):
     **common,
   )
   given = jnp.arange(LENGTH) < PROMPT_LENGTH
-  whole, _ = samplers.sample(
-    jax.random.fold_in(jax.random.PRNGKey(2), 0),  # The key of block 0.
+  whole, _ = decoder.sample(
+    jax.random.PRNGKey(2),  # One block draws with the key itself.
     language.denoise_fn(MASK_ID),
     prompt=jnp.where(given, prompt, MASK_ID),
     prompt_mask=given,
@@ -159,7 +159,7 @@ def test_one_block_of_block_diffusion_guides_as_sample_does(language):
 
 def test_guidance_needs_a_prompt(language):
   with pytest.raises(ValueError, match="guidance_scale needs a prompt"):
-    samplers.sample(
+    decoder.sample(
       jax.random.PRNGKey(0),
       language.denoise_fn(MASK_ID),
       batch_size=2,
@@ -171,21 +171,28 @@ def test_guidance_needs_a_prompt(language):
     )
 
 
-def test_guidance_past_the_context_is_refused_without_blocks(language):
-  # The windows after the first clamp generated text, not the prompt.
-  with pytest.raises(ValueError, match="guidance_scale past the context"):
-    blockwise.generate_semi_autoregressive(
-      jax.random.PRNGKey(0),
-      language.denoise_fn(MASK_ID),
-      batch_size=2,
-      total_length=2 * LENGTH,
-      context_length=LENGTH,
-      block_length=LENGTH // 2,
-      schedule=schedules.get_schedule("linear"),
-      mask_id=MASK_ID,
-      prompt=jnp.asarray([1, 2]),
-      guidance_scale=1.0,
-    )
+def test_guidance_past_the_context_fades_once_the_prompt_leaves_the_window(language):
+  # Each block's unconditional call masks the prompt positions in its window: once the prompt
+  # has slid out of the window, cond and uncond are one call, and guidance changes nothing.
+  common = dict(
+    batch_size=32,
+    length=4 * LENGTH,
+    context_length=LENGTH,
+    block_size=LENGTH // 2,
+    schedule=schedules.get_schedule("linear"),
+    mask_id=MASK_ID,
+    prompt=jnp.asarray([1, 2]),
+    method="first_hitting",
+  )
+  oracle = language.denoise_fn(MASK_ID)
+  guided, _ = decoder.sample(jax.random.PRNGKey(0), oracle, guidance_scale=1.0, **common)
+  plain, _ = decoder.sample(jax.random.PRNGKey(0), oracle, **common)
+  guided, plain = np.asarray(guided), np.asarray(plain)
+  # Blocks 0 and 1 read windows holding the prompt; block 2's window (positions 4..11) does not.
+  # On the same keys, a row whose first two blocks guidance left alone is the same row.
+  same_start = np.all(guided[:, :LENGTH] == plain[:, :LENGTH], axis=1)
+  assert same_start.any() and not same_start.all()
+  np.testing.assert_array_equal(guided[same_start], plain[same_start])
 
 
 def test_the_guided_call_is_the_exact_tilted_law(language):

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model (md4jax.evaluation.harness): its scores are md4jax's own bounds
+"""The lm-evaluation-harness model (md4jax.app.harness): its scores are md4jax's own bounds
 of the same rows, the context is never masked, more draws shrink the SE, rolling windows are
 the documented rows, generation stops at `until`; with the exact oracle the left-to-right and
 K-order likelihoods are the exact conditional NLL and the NELBO is above it; local YAML tasks
@@ -23,11 +23,13 @@ lm_eval = pytest.importorskip("lm_eval")
 import oracles  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from md4jax import config_lib, modes, rng  # noqa: E402
+from md4jax import config as config_lib  # noqa: E402
+from md4jax import rng  # noqa: E402
+from md4jax.app import harness, harness_model, harness_tasks, modes  # noqa: E402
 from md4jax.data import sources  # noqa: E402
 from md4jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from md4jax.diffusion import orders  # noqa: E402
-from md4jax.evaluation import harness, harness_model, harness_tasks, likelihoods  # noqa: E402
+from md4jax.evaluation import likelihoods  # noqa: E402
 from md4jax.runtime import sharding  # noqa: E402
 from md4jax.runtime import workdir as workdir_lib  # noqa: E402
 from md4jax.training import checkpoint, objective  # noqa: E402
@@ -90,7 +92,7 @@ def one_device(loaded: harness_model.Loaded, model=None) -> harness_model.Loaded
   """loaded on a mesh of one device (a debug callback then sees whole batches)."""
   mesh = sharding.make_mesh(loaded.config, jax.devices()[:1])
   params = jax.device_put(loaded.params, sharding.replicated(mesh))
-  return harness_model.Loaded(loaded.config, model or loaded.model, params, loaded.codec, mesh)
+  return harness_model.Loaded(loaded.config, model or loaded.model, params, loaded.tokenizer, mesh)
 
 
 def md4jax_draws(lm, batch: dict, keys, row_index=None) -> np.ndarray:
@@ -279,7 +281,7 @@ def saved_init(config, path) -> str:
   """A workdir whose one checkpoint is config's initial state (what md4jax.convert writes)."""
   mesh = sharding.make_mesh(config)
   model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  manager = checkpoint.make_manager(path, 1)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(path).checkpoints, 1)
   state = state_lib.init_state(config, model, optimizer, mesh)
   checkpoint.save(manager, 0, state, {"next_batch_index": 0}, config)
   checkpoint.wait(manager)
@@ -368,8 +370,8 @@ def test_text_pairs_split_at_word_boundaries_and_generation_ends_at_eos(lm):
 
 def test_bad_model_args_are_one_line_errors(workdir, tmp_path):
   cases = {
-    "does not exist": dict(workdir=str(tmp_path / "missing")),
-    "not an md4jax workdir": dict(workdir=str(tmp_path)),
+    "no config.json there \\(the folder does not exist\\)": dict(workdir=str(tmp_path / "missing")),
+    "no config.json there; name a workdir md4jax trained": dict(workdir=str(tmp_path)),
     "unknown model_arg drawz": dict(workdir=str(workdir), drawz=3),
     "eval.likelihood must be": dict(workdir=str(workdir), likelihood="orders:x"),
     "no key 'nosuch'": {"workdir": str(workdir), "config.sample.nosuch": 1},
@@ -465,5 +467,6 @@ def test_command_line_runs_the_local_tasks_and_errors_in_one_line(workdir, langu
   result = lm_eval_command(f"workdir={tmp_path / 'missing'}", tmp_path, harness_tasks.TASKS[0])
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
-    f"md4jax: error: workdir='{tmp_path / 'missing'}' does not exist."
+    f"md4jax: error: workdir='{tmp_path / 'missing'}': no config.json there (the folder does not "
+    "exist); name a workdir md4jax trained or converted (python -m md4jax.convert)."
   )

@@ -9,8 +9,12 @@ import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "md4jax"
 
-# What each subpackage may import from md4jax, besides itself. The diffusion math and the network
-# know nothing of each other, of data or of training; the trainer knows nothing of evaluation.
+# What each subpackage may import from md4jax, besides itself. The library (LIBRARY) is the
+# diffusion math, the network, data, training, sampling and evaluation: the diffusion math and
+# the network know nothing of each other, of data or of training; the trainer knows nothing of
+# evaluation. Above the library: the config tree (whose validators call the library's own
+# checks), the configs, and the application layer (workdirs, md4jax.load, the CLI's modes, the
+# harness, reports and plots).
 ALLOWED = {
   "diffusion": set(),
   "model": set(),
@@ -18,20 +22,25 @@ ALLOWED = {
   "runtime": {"data"},
   "training": {"diffusion", "model", "runtime"},
   "sampling": {"diffusion", "training", "runtime"},
-  "evaluation": {
+  "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "rng"},
+  "config": {"diffusion", "model", "sampling", "evaluation", "runtime"},
+  "configs": {"config"},
+  "app": {
     "diffusion",
     "model",
     "data",
     "sampling",
     "training",
+    "evaluation",
     "runtime",
-    "config_lib",
+    "config",
     "rng",
   },
 }
-ENTRY_POINTS = {"main", "aot", "modes"}
+LIBRARY = {"diffusion", "model", "data", "training", "sampling", "evaluation"}
+ENTRY_POINTS = {"main", "aot", "convert", "lm_eval"}
 # Top-level modules that import nothing of md4jax, so any layer may be allowed to import them.
-LEAVES = {"rng", "config_values"}
+LEAVES = {"rng", "user_errors"}
 # The samplers over any denoiser: only the diffusion math beneath them.
 DENOISER_GENERIC = {
   "sampling.samplers",
@@ -39,7 +48,7 @@ DENOISER_GENERIC = {
   "sampling.unmasking",
   "sampling.remasking",
   "sampling.categorical",
-  "sampling.blockwise",
+  "sampling.decoder",
   "sampling.trajectory",
 }
 
@@ -90,13 +99,25 @@ def test_subpackages_are_layers():
   edges = _imports()
   packages = {_top(m) for m in edges if "." in m}
   assert packages == set(ALLOWED), "a new subpackage needs its import rule here"
+  top_level = {m for m in edges if "." not in m and m and m not in ALLOWED}
+  assert top_level == ENTRY_POINTS | LEAVES, "a new top-level module needs its rule here"
   for module, imported in edges.items():
     if "." not in module:
-      continue  # The entry points and the config may import anything; the leaves: below.
+      continue  # The entry points may import anything; the leaves: below.
     for target in imported:
       assert _top(target) not in ENTRY_POINTS, f"{module} imports the entry point {target}"
       if _top(target) != _top(module):
         assert _top(target) in ALLOWED[_top(module)], f"{module} may not import {target}"
+
+
+def test_the_library_imports_no_config_and_no_workdir_code():
+  edges = _imports()
+  for module, imported in edges.items():
+    if _top(module) in LIBRARY:
+      above = {
+        t for t in imported if _top(t) in ("config", "configs", "app") or t == "runtime.workdir"
+      }
+      assert not above, f"{module} imports {above}: the library reads no config and no workdir"
 
 
 def test_leaves_import_nothing_of_md4jax():
@@ -110,7 +131,6 @@ def test_samplers_need_only_the_diffusion_math():
   for module in DENOISER_GENERIC:
     outside = {t for t in edges[module] if _top(t) not in ("diffusion", "sampling")}
     assert not outside, f"{module} imports {outside}"
-    assert not {t for t in edges[module] if t in ("sampling.generate",)}
 
 
 def test_the_objective_and_state_know_nothing_of_the_loop_or_evaluation():

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
 
@@ -310,7 +311,9 @@ def test_md4_preset_runs_and_records_its_resolved_keys(tmp_path):
 def test_md4_preset_refuses_a_command_line_override_of_its_keys(tmp_path):
   result = run_cli(tmp_path, *MD4_FLAGS, "--config.model.norm=rms", check=False)
   assert (
-    result.returncode != 0 and "sets model.norm='layer', but the config sets 'rms'" in result.stderr
+    result.returncode != 0
+    and "sets model.norm='layer', but the command line sets --config.model.norm='rms'"
+    in result.stderr
   )
   assert len(result.stderr.strip().splitlines()) == 1  # One line, no traceback.
   assert not (tmp_path / "checkpoints").exists()
@@ -330,7 +333,7 @@ def _final_state(workdir, config_overrides):
     state_lib.make_optimizer(config),
     sharding.make_mesh(config),
   )
-  manager = checkpoint.make_manager(workdir, max_to_keep=3)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, max_to_keep=3)
   restored = checkpoint.restore(manager, abstract)
   return restored.step, restored.state, restored.data_state
 
@@ -379,3 +382,25 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   np.testing.assert_allclose(
     eval_res["nelbo_bits_per_token"], eval_ref["nelbo_bits_per_token"], rtol=1e-6
   )
+
+
+@pytest.mark.parametrize("config", ["configs/tiny.py", "tiny", "configs/default.py:bd3"])
+def test_md4jax_configs_resolve_from_any_directory(tmp_path, config):
+  """--config names md4jax's own configs (as a name or as configs/NAME.py) wherever the command
+  runs: outside the repository the run gets as far as the missing checkpoint, in one line."""
+  workdir = tmp_path / "work"
+  result = subprocess.run(
+    cli(workdir, "--mode=eval", config=config), cwd=tmp_path, capture_output=True, text=True
+  )
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1 and lines == [
+    f"md4jax: error: No checkpoint in {workdir / 'checkpoints'}; run --mode=train on this "
+    "workdir first."
+  ], result.stderr[-2000:]
+  result = subprocess.run(
+    cli(workdir, config="nosuch"), cwd=tmp_path, capture_output=True, text=True
+  )
+  assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+    "md4jax: error: --config='nosuch': no file 'nosuch', and no md4jax config 'nosuch' "
+    f"(md4jax's: {', '.join(config_lib.config_names())})."
+  ]

@@ -175,9 +175,9 @@ def test_forward_matches_the_plain_reference(causal):
 @pytest.mark.parametrize(
   "kwargs, alpha, match",
   [
-    (dict(time_conditioning="film"), None, "unknown time_conditioning"),
-    (dict(model_dim=30, num_heads=4), None, "not divisible by num_heads"),
-    (dict(model_dim=12, num_heads=4), None, "must be even for RoPE"),
+    (dict(time_conditioning="film"), None, "time_conditioning='film' is unknown"),
+    (dict(model_dim=30, num_heads=4), None, "model_dim=30 / num_heads=4 must be an even integer"),
+    (dict(model_dim=12, num_heads=4), None, "model_dim=12 / num_heads=4 must be an even integer"),
     (dict(time_conditioning="adaln"), None, "requires alpha"),
     (dict(time_conditioning="adaln"), jnp.zeros((B, 1)), "alpha must have shape"),
   ],

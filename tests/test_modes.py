@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import config_lib, modes
+from md4jax import config as config_lib
+from md4jax.app import modes
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
 
@@ -33,7 +35,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     FloatingPointError, match=r"Loss is nan at step (8|9).*checkpoint \(step 5\) is kept"
   ):
     modes.train_and_evaluate(config, tmp_path)
-  manager = checkpoint.make_manager(tmp_path, max_to_keep=3)
+  manager = checkpoint.make_manager(workdir_lib.as_workdir(tmp_path).checkpoints, max_to_keep=3)
   assert manager.all_steps() == [5]
   abstract = state_lib.abstract_state(
     config,

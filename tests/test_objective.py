@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.runtime import sharding
 from md4jax.training import objective

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from md4jax.diffusion import schedules
+from md4jax.diffusion.denoiser import Denoiser
 from md4jax.model.transformer import Transformer
-from md4jax.sampling import prefix_cache
+from md4jax.sampling import decoder
 
 VOCAB, LENGTH, BLOCK = 6, 16, 4
+CACHES = ("none", "prefix", "dual")  # Fast-dLLM's, and the exact decoding they approximate.
 MASK_ID = VOCAB
 
 
@@ -25,10 +27,9 @@ def network():
 
 def _sample(network, cache, block_size=BLOCK, **kwargs):
   model, params = network
-  return prefix_cache.sample_with_cache(
+  return decoder.sample(
     jax.random.PRNGKey(1),
-    model,
-    params,
+    Denoiser.of_network(model, params),
     batch_size=16,
     length=LENGTH,
     block_size=block_size,
@@ -41,7 +42,7 @@ def _sample(network, cache, block_size=BLOCK, **kwargs):
 
 
 def test_one_block_leaves_nothing_to_cache(network):
-  tokens = [np.asarray(_sample(network, c, LENGTH, num_steps=4)[0]) for c in prefix_cache.CACHES]
+  tokens = [np.asarray(_sample(network, c, LENGTH, num_steps=4)[0]) for c in CACHES]
   np.testing.assert_array_equal(tokens[1], tokens[0])
   np.testing.assert_array_equal(tokens[2], tokens[0])
 
@@ -81,16 +82,16 @@ def test_guided_caches_are_exact_where_they_cannot_be_stale(network):
 def test_caching_refuses_networks_it_cannot_serve(network):
   model, params = network
   with pytest.raises(ValueError, match="time-free bidirectional"):
-    prefix_cache.sample_with_cache(
+    decoder.sample(
       jax.random.PRNGKey(0),
-      model.clone(time_conditioning="adaln"),
-      params,
+      Denoiser.of_network(model.clone(time_conditioning="adaln"), params),
       batch_size=2,
       length=LENGTH,
       block_size=BLOCK,
       cache="prefix",
-      schedule="linear",
+      schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID,
+      num_steps=2,
     )
   with pytest.raises(ValueError, match="Unknown cache"):
     _sample(network, "triple")

@@ -2,11 +2,11 @@
 
 import io
 
-from md4jax.training import metrics_writer
+from md4jax.training.progress import ProgressLine
 
 
 def test_eta_counts_the_evaluations_and_checkpoints_to_come():
-  progress = metrics_writer.ProgressLine(
+  progress = ProgressLine(
     600, eval_every_steps=100, checkpoint_every_steps=200, stream=io.StringIO()
   )
   # At step 50, 5 evaluations (100..500; the last step's is the final one) and 2 saves (200,
@@ -21,7 +21,7 @@ def test_eta_counts_the_evaluations_and_checkpoints_to_come():
 
 def test_the_printed_line_carries_the_eta():
   stream = io.StringIO()
-  progress = metrics_writer.ProgressLine(10, eval_every_steps=5, stream=stream)
+  progress = ProgressLine(10, eval_every_steps=5, stream=stream)
   progress.update(2, 1.5, 1000.0, 1.0)
   assert (
     stream.getvalue()

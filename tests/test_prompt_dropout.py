@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.training import objective
 from md4jax.training import state as state_lib
 

@@ -18,7 +18,8 @@ import jax
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from md4jax import config_lib, modes
+from md4jax import config as config_lib
+from md4jax.app import modes
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, preemption
@@ -45,7 +46,11 @@ def restore(workdir, config=None):
     state_lib.make_optimizer(config),
     sharding.make_mesh(config),
   )
-  return checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract, log=lambda _: None)
+  return checkpoint.restore(
+    checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3),
+    abstract,
+    log=lambda _: None,
+  )
 
 
 def snapshot(root) -> dict:
@@ -137,7 +142,11 @@ def test_an_unreadable_checkpoint_falls_back_to_an_older_one_and_is_kept(workdir
     state_lib.make_optimizer(tiny()),
     sharding.make_mesh(tiny()),
   )
-  restored = checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract, log=messages.append)
+  restored = checkpoint.restore(
+    checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3),
+    abstract,
+    log=messages.append,
+  )
   assert restored.step == 10
   assert "checkpoints/20 cannot be read" in messages[0] and reason in messages[0]
   assert (workdir / "checkpoints" / "20.unreadable" / "state").is_dir()  # Moved aside, not deleted.
@@ -164,7 +173,11 @@ def test_the_folder_of_an_unfinished_save_is_reported_and_left_alone(workdir):
     sharding.make_mesh(tiny()),
   )
   assert (
-    checkpoint.restore(checkpoint.make_manager(workdir, 3), abstract, log=messages.append).step
+    checkpoint.restore(
+      checkpoint.make_manager(workdir_lib.as_workdir(workdir).checkpoints, 3),
+      abstract,
+      log=messages.append,
+    ).step
     == 20
   )
   assert "never completed" in messages[0] and unfinished.is_dir()
@@ -264,8 +277,8 @@ def test_resuming_with_a_config_the_checkpoint_cannot_hold_fails_naming_each_key
   changed = tiny(model__num_layers=2, data__seq_len=32, model__type="ar", seed=1)
   with pytest.raises(
     ValueError,
-    match=r"Cannot resume .*\(seed: 0 → 1; data.seq_len: 16 → 32; "
-    r"model.type: 'mdm' → 'ar'; model.num_layers: 1 → 2\)",
+    match=r"Cannot resume .*\(data.seq_len: 16 → 32; model.num_layers: 1 → 2; "
+    r"model.type: 'mdm' → 'ar'; seed: 0 → 1\)",
   ):
     modes.train_and_evaluate(changed, workdir)
   assert snapshot(workdir) == before

@@ -9,7 +9,7 @@ import pytest
 import scipy.stats
 
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import blockwise, categorical, samplers
+from md4jax.sampling import categorical, decoder, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -26,7 +26,7 @@ def language():
 def _samples(language, method, num_steps, schedule_name="linear", batch_size=NUM_SAMPLES, seed=1):
   schedule = schedules.get_schedule(schedule_name)
   run = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=batch_size,
@@ -116,7 +116,7 @@ def test_jitted_loop_equals_python_loop(language):
   schedule = schedules.get_schedule("cosine")
   key = jax.random.PRNGKey(5)
   tokens, nfe = jax.jit(
-    lambda k: samplers.sample(
+    lambda k: decoder.sample(
       k,
       language.denoise_fn(MASK_ID),
       batch_size=16,
@@ -139,7 +139,7 @@ def test_cached_equals_ancestral_with_fewer_calls(language):
   assert ancestral_nfe == 64
   # NFE ≤ the number of distinct reveal events (steps at which some token was revealed).
   _, info = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=8,
@@ -166,7 +166,7 @@ def _recorded_states(language, method, num_steps, prompt=None, prompt_mask=None,
     return oracle(z, alpha)
 
   tokens, info = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       recording,
       batch_size=32,
@@ -241,7 +241,7 @@ def test_threshold_reveals_every_confident_position_and_at_least_one():
   threshold = 0.7
   peaked = groundtruth.MarkovLanguage(VOCAB, seed=0, concentration=0.05)  # Confident neighbours.
   _, info = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       peaked.denoise_fn(MASK_ID),
       batch_size=64,
@@ -284,17 +284,17 @@ def test_bad_arguments_raise(language):
   kwargs = dict(batch_size=2, length=4, schedule=schedules.get_schedule("linear"), mask_id=MASK_ID)
   oracle = language.denoise_fn(MASK_ID)
   key = jax.random.PRNGKey(0)
-  with pytest.raises(ValueError, match="Unknown sampling method"):
-    samplers.sample(key, oracle, method="beam", num_steps=4, **kwargs)
+  with pytest.raises(ValueError, match="method=.beam. is unknown"):
+    decoder.sample(key, oracle, method="beam", num_steps=4, **kwargs)
   with pytest.raises(ValueError, match="num_steps"):
-    samplers.sample(key, oracle, method="ancestral", **kwargs)
+    decoder.sample(key, oracle, method="ancestral", **kwargs)
   with pytest.raises(ValueError, match="top_p"):
-    samplers.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
+    decoder.sample(key, oracle, num_steps=4, top_p=2.0, **kwargs)
   with pytest.raises(ValueError, match="time grid"):
-    samplers.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
+    decoder.sample(key, oracle, num_steps=4, time_grid_kind="log", **kwargs)
   for method, threshold in (("threshold", None), ("threshold", 1.5), ("ancestral", 0.9)):
     with pytest.raises(ValueError, match=r"needs a threshold in \[0, 1\]"):
-      samplers.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
+      decoder.sample(key, oracle, method=method, num_steps=4, threshold=threshold, **kwargs)
 
 
 @pytest.mark.parametrize("method,num_steps", [("ancestral", 6), ("first_hitting", None)])
@@ -302,7 +302,7 @@ def test_trajectory_records_every_state(language, method, num_steps):
   prompt = jnp.zeros((LENGTH,), jnp.int32).at[0].set(3)
   prompt_mask = jnp.zeros((LENGTH,), bool).at[0].set(True)
   tokens, info = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=4,
@@ -338,20 +338,20 @@ def test_semi_autoregressive_generation_samples_the_long_chain(language):
   """An order-1 chain is exactly continued by any clamped prefix, so block-wise
   first-hitting generation of 30 tokens with a 12-token context is exact."""
   total, context, block = 30, LENGTH, 6
-  tokens, info = blockwise.generate_semi_autoregressive(
+  tokens, info = decoder.sample(
     jax.random.PRNGKey(4),
     language.denoise_fn(MASK_ID),
     batch_size=3000,
-    total_length=total,
+    length=total,
     context_length=context,
-    block_length=block,
+    block_size=block,
     schedule=schedules.get_schedule("linear"),
     mask_id=MASK_ID,
     method="first_hitting",
   )
   tokens = np.asarray(tokens)
   assert tokens.shape == (3000, total) and not np.any(tokens == MASK_ID)
-  assert info["num_blocks"] == 1 + -(-(total - context) // block)
+  assert info["num_blocks"] == -(-total // block)
   nll = -np.asarray(language.log_prob(tokens), np.float64)
   gap, se = nll.mean() - language.entropy(total), nll.std(ddof=1) / np.sqrt(nll.size)
   assert abs(gap) < 4 * se, (gap, se)
@@ -365,13 +365,13 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
     return oracle(z, alpha).at[..., eos].add(5.0)
 
   prompt = jnp.asarray([1, 0, 1], jnp.int32)
-  tokens, info = blockwise.generate_semi_autoregressive(
+  tokens, info = decoder.sample(
     jax.random.PRNGKey(0),
     eos_loving,
     batch_size=4,
-    total_length=40,
+    length=40,
     context_length=8,
-    block_length=4,
+    block_size=4,
     schedule=schedules.get_schedule("linear"),
     mask_id=MASK_ID,
     prompt=prompt,
@@ -382,19 +382,19 @@ def test_semi_autoregressive_prompt_eos_and_lengths(language):
   tokens, lengths = np.asarray(tokens), np.asarray(info["lengths"])
   assert tokens.shape == (4, 40)
   np.testing.assert_array_equal(tokens[:, :3], np.tile(prompt, (4, 1)))
-  assert info["num_blocks"] < 1 + (40 - 8) // 4  # Stopped early: every sequence ended.
+  assert info["num_blocks"] < 40 // 4  # Stopped early: every sequence ended.
   assert info["nfe"] == 8 * info["num_blocks"]
   for row, length in zip(tokens, lengths):
     assert row[length - 1] == eos and eos not in row[3 : length - 1]
     np.testing.assert_array_equal(row[length:], eos)
-  with pytest.raises(ValueError, match="block_length"):
-    blockwise.generate_semi_autoregressive(
+  with pytest.raises(ValueError, match="block_size"):
+    decoder.sample(
       jax.random.PRNGKey(0),
       oracle,
       batch_size=1,
-      total_length=20,
+      length=20,
       context_length=8,
-      block_length=9,
+      block_size=9,
       schedule=schedules.get_schedule("linear"),
       mask_id=MASK_ID,
       num_steps=4,
@@ -408,7 +408,7 @@ def test_cosine_time_grid_samples_the_chain_exactly(language):
   assert grid[0] == 0 and grid[-1] == pytest.approx(1.0) and np.all(np.diff(grid) > 0)
   assert np.diff(grid)[0] < 1 / 8 < np.diff(grid)[-1]
   tokens, _ = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=NUM_SAMPLES,
@@ -428,7 +428,7 @@ def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, conf
   """Linear schedule, T = 4 steps, 12 masks: floor(12·s) stay masked after each step (9, 6, 3, 0),
   and the revealed positions are the most confident ones."""
   _, info = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       language.denoise_fn(MASK_ID),
       batch_size=8,

@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 
 from md4jax.diffusion import groundtruth, schedules
-from md4jax.sampling import samplers
+from md4jax.sampling import decoder, samplers
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -46,7 +46,7 @@ LAWS = {"zeros": zero_law(), "one_hot": one_hot_law()}
 
 def _sample(language, method, batch_size, seed=0, **kwargs):
   kwargs.setdefault("threshold", 0.9 if method == "threshold" else None)
-  return samplers.sample(
+  return decoder.sample(
     jax.random.PRNGKey(seed),
     language.denoise_fn(MASK_ID),
     batch_size=batch_size,
@@ -146,7 +146,7 @@ def _broken(kind):
 
 def _sample_broken(kind, method, jit):
   def run(key):
-    return samplers.sample(
+    return decoder.sample(
       key,
       _broken(kind),
       batch_size=8,
@@ -192,7 +192,7 @@ def test_threshold_ends_when_rows_of_probability_zero_get_nan_logits():
     return jnp.where(impossible[:, None, None], jnp.nan, oracle(z, alpha))
 
   run = jax.jit(
-    lambda key: samplers.sample(
+    lambda key: decoder.sample(
       key,
       denoise,
       batch_size=256,
@@ -214,7 +214,7 @@ def test_broken_logits_at_visible_positions_only_are_harmless():
     logits = jnp.zeros(z.shape + (MASK_ID,), jnp.float32)
     return jnp.where((z == MASK_ID)[..., None], logits, jnp.nan)
 
-  tokens, info = samplers.sample(
+  tokens, info = decoder.sample(
     jax.random.PRNGKey(0),
     denoise,
     batch_size=4,
@@ -252,7 +252,7 @@ def test_a_second_call_with_the_same_denoiser_does_not_compile():
   jax.monitoring.register_event_duration_secs_listener(listen)
   try:
     denoise = LAWS["zeros"].denoise_fn(MASK_ID)
-    run = lambda seed: samplers.sample(
+    run = lambda seed: decoder.sample(
       jax.random.PRNGKey(seed),
       denoise,
       batch_size=64,

@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.data import sources
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from md4jax import config_lib
+from md4jax import config as config_lib
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 

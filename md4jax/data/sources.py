@@ -223,7 +223,7 @@ class TextSource:
     self.shard_index, self.shard_count = shard
     self.data = pipeline.load_data(config, workdir)
     self.tokenizer = self.data.tokenizer
-    if self.tokenizer.vocab_size != config.data.vocab_size:
+    if config.data.vocab_size not in (0, self.tokenizer.vocab_size):
       raise ValueError(
         f"Invalid config: data.vocab_size={config.data.vocab_size} but the {config.data.dataset} "
         f"tokenizer has {self.tokenizer.vocab_size} ids; set --config.data.vocab_size="
@@ -269,6 +269,16 @@ class TextSource:
 
   def encode(self, text: str) -> np.ndarray:
     return np.asarray(self.tokenizer.encode(text), np.int32)
+
+
+def with_vocab_size(config: ml_collections.ConfigDict, source: Source) -> ml_collections.ConfigDict:
+  """config with data.vocab_size = 0 replaced by the source's tokenizer's size (config itself
+  when it is set)."""
+  if config.data.vocab_size:
+    return config
+  resolved = config.copy_and_resolve_references()
+  resolved.data.vocab_size = source.tokenizer.vocab_size
+  return resolved
 
 
 def make_source(

@@ -132,7 +132,7 @@ def nelbo(
       nor scored and do not count as tokens.
     num_steps: None for the continuous-time bound, an integer T for the
       discrete-time bound on the grid t_i = i/T (looser, → L∞ as T grows).
-    estimator: "standard" (w(t) Σ_masked CE), "forced_target" (seed 001: one
+    estimator: "standard" (w(t) Σ_masked CE), "forced_target" (docs/math.md § 5: one
       forced-masked target position, weight −α′(t) · n_editable), or
       "mask_count" (continuous only: uniform mask count, bounded variance).
     t_sampling: "uniform" or "stratified" (low-discrepancy over the batch).

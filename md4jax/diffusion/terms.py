@@ -49,7 +49,7 @@ def _weighted_term(
   masked position with per_mask_weight = rate_weight / λ (masked [B, L]: given masked
   positions instead of a draw); "forced_target" forces one uniformly chosen editable
   position I masked and scores only it: E[CE_I | I masked] · n_editable = h(λ), so the
-  weight is rate_weight · n_editable (seed 001, with −α′(t)/g(t) as rate_weight).
+  weight is rate_weight · n_editable (docs/math.md § 5, with −α′(t)/g(t) as rate_weight).
   """
   n_editable = editable.sum(-1)
   if estimator == "standard":

@@ -92,3 +92,53 @@ def sample_entropy(tokens: np.ndarray) -> tuple[float, float]:
     p = counts / counts.sum()
     entropies.append(float(-(p * np.log2(p)).sum()))
   return mean_and_stderr(np.asarray(entropies))
+
+
+# ---- Diversity of samples against a known first-order chain ----
+def bigram_counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+  """[V, V] counts of adjacent pairs (a, b) over every row of tokens [n, L]."""
+  tokens = np.asarray(tokens, np.int64)
+  pairs = tokens[:, :-1] * vocab_size + tokens[:, 1:]
+  return np.bincount(pairs.ravel(), minlength=vocab_size * vocab_size).reshape(
+    vocab_size, vocab_size
+  )
+
+
+def chain_entropy(counts: np.ndarray) -> float:
+  """Bits per token of the first-order chain fitted to bigram counts: −Σ_ab (n_ab / N)
+  log2(n_ab / n_a), the plug-in conditional entropy (mode-seeking samples lower it)."""
+  counts = np.asarray(counts, np.float64)
+  rows = counts.sum(1, keepdims=True)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    terms = np.where(counts > 0, counts * np.log2(counts / rows), 0.0)
+  return float(-terms.sum() / counts.sum())
+
+
+def bigram_tv(counts: np.ndarray, truth: np.ndarray) -> float:
+  """Total-variation distance between the bigram frequencies of counts and the table truth
+  [V, V] (Σ = 1): ½ Σ_ab |n_ab / N − truth_ab|."""
+  counts = np.asarray(counts, np.float64)
+  return float(0.5 * np.abs(counts / counts.sum() - truth).sum())
+
+
+def diversity(tokens: np.ndarray, truth: np.ndarray, references: list) -> dict:
+  """Samples' fitted-chain entropy and bigram TV distance to the truth [V, V], each against the
+  same statistic of exact samples of the same size (`references`: several such batches): the
+  difference and its SE, the spread of the reference batches (the statistic's sampling error
+  under an exact sampler, of the sample and of the reference mean). Both statistics are biased
+  at a finite sample size (the plug-in entropy low, the TV high); an exact sampler's batches
+  share that bias, so its differences are 0 within SE."""
+  vocab_size = truth.shape[0]
+  counts = bigram_counts(tokens, vocab_size)
+  reference_counts = [bigram_counts(r, vocab_size) for r in references]
+  figures = {}
+  for name, statistic in (
+    ("chain_entropy", chain_entropy),
+    ("bigram_tv", lambda c: bigram_tv(c, truth)),
+  ):
+    values = np.asarray([statistic(c) for c in reference_counts])
+    spread = values.std(ddof=1) * math.sqrt(1.0 + 1.0 / len(values))
+    figures[name] = statistic(counts)
+    figures[f"{name}_excess"] = figures[name] - float(values.mean())
+    figures[f"{name}_stderr"] = float(spread)
+  return figures

@@ -9,9 +9,10 @@ mask-count estimator (so their standard errors compare) and the discrete-time
 bounds for config.eval.discrete_steps, and the per-t loss profile: the
 integrand w(t)·Σ masked CE per token in config.eval.profile_bins bins of t,
 whose mean over bins is itself a (stratified) estimate of the continuous
-bound. With config.eval.judge_workdir, fresh samples are scored by one of our
-AR models (generative perplexity) next to their unigram entropy, since a low
-perplexity can just be low entropy.
+bound. A `Judge` (an AR model, `md4jax.app.judge` loads it from
+config.eval.judge_workdir) scores the same rows exactly, and fresh samples
+(generative perplexity) next to their unigram entropy, since a low perplexity
+can just be low entropy.
 """
 
 import functools
@@ -23,14 +24,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from md4jax import config_lib, rng
+from md4jax import rng
 from md4jax.data import sources
 from md4jax.diffusion import bounds, schedules
 from md4jax.evaluation import estimates, likelihoods
 from md4jax.runtime import sharding
-from md4jax.sampling import generate
-from md4jax.training import checkpoint, objective
-from md4jax.training import state as state_lib
+from md4jax.training import objective
 
 
 def profile_nats(
@@ -65,7 +64,7 @@ def profile_nats(
 
 def discrete_steps(config: ml_collections.ConfigDict) -> tuple[int, ...]:
   """The T of config.eval.discrete_steps ("10,50,1000"; "" = none)."""
-  return config_lib.parse_list(config.eval.discrete_steps, int)
+  return tuple(int(steps) for steps in config.eval.discrete_steps.split(",") if steps.strip())
 
 
 def discrete_estimator(config: ml_collections.ConfigDict) -> str:
@@ -308,22 +307,6 @@ def learned_exponents(params, config: ml_collections.ConfigDict, source) -> dict
 
 
 # ---- Sample quality under a judge ----
-def load_judge(judge_workdir, mesh):
-  """(config, model, EMA params) of the latest checkpoint of one of our AR workdirs."""
-  config = config_lib.workdir_config(judge_workdir, "eval.judge_workdir")
-  if config.model.type != "ar":
-    raise ValueError(
-      f"The judge in {judge_workdir} is model.type={config.model.type!r}; "
-      "generative perplexity needs an exact likelihood, an 'ar' model."
-    )
-  model, optimizer = state_lib.build_model(config), state_lib.make_optimizer(config)
-  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
-  restored = checkpoint.restore_workdir(
-    judge_workdir, abstract, f"eval.judge_workdir={str(judge_workdir)!r}"
-  )
-  return config, model, restored.state.ema_params
-
-
 class Judge:
   """An AR model of ours that scores token sequences exactly: generative perplexity.
 
@@ -345,10 +328,6 @@ class Judge:
       in_shardings=(None, sharding.batch_sharding(mesh)),
       out_shardings=sharding.replicated(mesh),
     )
-
-  @classmethod
-  def from_workdir(cls, judge_workdir, mesh) -> "Judge":
-    return cls(*load_judge(judge_workdir, mesh), mesh, workdir=str(judge_workdir))
 
   def check_compatible(self, config: ml_collections.ConfigDict, length: int, what: str = "samples"):
     """Raises ValueError unless the judge models config's data and can score `length` tokens."""
@@ -403,23 +382,6 @@ class Judge:
       "sample_entropy": entropy,
       "sample_entropy_stderr": entropy_stderr,
     }
-
-
-def judge_samples(config: ml_collections.ConfigDict, model, params, source, judge: Judge) -> dict:
-  """Fresh samples of the evaluated model (after any prompt), scored by the AR judge."""
-  run = generate.settings(config)
-  judge.check_compatible(config, run["length"])
-  key = rng.stream(config.seed, "judged_samples")
-  judged = config.copy_and_resolve_references()
-  judged.sample.num_samples = config.eval.num_judged_samples
-  tokens, nfe, _, _ = generate.generate(judged, model, params, source, key)
-  prompt_length = len(generate.encode_prompt(config, source))
-  return {
-    **judge.score(tokens, prompt_length),
-    "judge_workdir": judge.workdir,
-    "num_judged_samples": int(len(tokens)),
-    "sampler": {**run, "nfe": nfe},
-  }
 
 
 def summary(results: dict) -> str:

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from md4jax import config_lib
 from md4jax.diffusion import bounds, orders, schedules
 from md4jax.evaluation import estimates
 from md4jax.training import objective
@@ -20,10 +19,21 @@ from md4jax.training import objective
 _ORDERS_STREAM = 0x0D3E5
 
 
-def enabled(config: ml_collections.ConfigDict) -> bool:
-  return (
-    config.model.type == "mdm" and config_lib.parse_likelihood(config.eval.likelihood)[0] != "nelbo"
+def parse_likelihood(text: str) -> tuple[str, int]:
+  """eval.likelihood as (kind, orders): ("nelbo", 0), ("order", 1) (left to right) or
+  ("orders", K) for "orders:K"; ValueError for anything else."""
+  if text in ("nelbo", "order"):
+    return text, int(text == "order")
+  kind, _, count = str(text).partition(":")
+  if kind == "orders" and count.isdigit() and int(count) > 0:
+    return kind, int(count)
+  raise ValueError(
+    f'eval.likelihood must be "nelbo", "order" or "orders:K" (K >= 1), got {text!r}.'
   )
+
+
+def enabled(config: ml_collections.ConfigDict) -> bool:
+  return config.model.type == "mdm" and parse_likelihood(config.eval.likelihood)[0] != "nelbo"
 
 
 def order_denoiser(params, batch: dict, *, model, config: ml_collections.ConfigDict):
@@ -38,7 +48,7 @@ def order_denoiser(params, batch: dict, *, model, config: ml_collections.ConfigD
 
 def nats(params, batch: dict, key, *, model, config: ml_collections.ConfigDict) -> jax.Array:
   """−log p of each row's editable tokens over the orders of config.eval.likelihood, nats [B]."""
-  kind, num_orders = config_lib.parse_likelihood(config.eval.likelihood)
+  kind, num_orders = parse_likelihood(config.eval.likelihood)
   denoise_fn = order_denoiser(params, batch, model=model, config=config)
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
   kwargs = dict(mask_id=config.data.vocab_size, editable=editable)
@@ -59,7 +69,7 @@ def results(config: ml_collections.ConfigDict, columns: dict, source) -> dict:
   difference = estimates.bits_per_token(order - nelbo, num_tokens)
   out = {
     "likelihood": config.eval.likelihood,
-    "num_orders": config_lib.parse_likelihood(config.eval.likelihood)[1],
+    "num_orders": parse_likelihood(config.eval.likelihood)[1],
     "order_bits_per_token": figure["bits_per_token"],
     "order_bits_per_token_stderr": figure["stderr"],
     "order_minus_nelbo_bits_per_token": difference["bits_per_token"],

@@ -48,8 +48,8 @@ def segment_attention_mask(segment_ids):
 def softmax_attention(q, k, v, mask=None, causal: bool = False):
   """q, k, v [B, L, H, Dh]; mask [B, 1, L, L] bool (True = may attend) or None -> [B, L, H, Dh].
 
-  Plain einsum-softmax attention: the same math as jax.nn.dot_product_attention,
-  which on CPU lowers to a slower graph (issue 14). Scores and softmax are float32.
+  Plain einsum-softmax attention: the same math as jax.nn.dot_product_attention, which on CPU
+  lowers to a slower graph (docs/performance.md). Scores and softmax are float32.
   """
   scores = jnp.einsum(
     "bqhd,bkhd->bhqk",
@@ -72,8 +72,8 @@ class Attention(nn.Module):
 
   With num_kv_heads < num_heads (grouped-query attention, Llama's and Qwen2's), the keys and
   values have num_kv_heads heads, each read by num_heads / num_kv_heads consecutive query heads;
-  they are repeated to num_heads before the attention kernel, so every implementation (and the
-  block sampler's cache, [.., H, Dh]) sees the usual shapes.
+  they are repeated to num_heads just before the attention kernel, so every implementation sees
+  the usual shapes while a KV cache holds num_kv_heads heads ([.., Hkv, Dh]).
   """
 
   num_heads: int
@@ -93,8 +93,9 @@ class Attention(nn.Module):
     bool (True = may attend) or None; segment_ids [B, L] or None (the splash kernel's form of
     the mask).
 
-    cache (keys, values [B, C, H, Dh], valid [C] bool): x is one block that reads the valid
-    cached positions and itself (block diffusion's sampler); returns (out, (k, v) of x).
+    cache (keys, values [B, C, Hkv, Dh], valid [C] bool): x is one block that reads the valid
+    cached positions and itself, causally in a causal network (the block decoder's KV caches);
+    returns (out, (k, v) of x, [B, L, Hkv, Dh]).
     """
     pattern = None
     if self.block_layout and self.implementation == "splash":
@@ -126,26 +127,30 @@ class Attention(nn.Module):
       v = v[:, :, 0]
     else:
       q, k, v = self._grouped_qkv(x, cos, sin, head_dim, kv_heads)
-    q, k, v = (constrain(a, HEADS) for a in (q, k, v))
+    group = self.num_heads // kv_heads
+    q = constrain(q, HEADS)
     # With a mask and causal both, attention is allowed where the mask is True and causality holds.
     if cache is not None:
       cached_k, cached_v, valid = cache
       own = jnp.ones((x.shape[1], x.shape[1]), bool)
+      own = jnp.tril(own) if self.causal else own
       allowed = jnp.concatenate([jnp.broadcast_to(valid, (x.shape[1], valid.shape[0])), own], -1)
       out = softmax_attention(
         q,
-        jnp.concatenate([cached_k.astype(k.dtype), k], axis=1),
-        jnp.concatenate([cached_v.astype(v.dtype), v], axis=1),
+        _repeat_heads(jnp.concatenate([cached_k.astype(k.dtype), k], axis=1), group),
+        _repeat_heads(jnp.concatenate([cached_v.astype(v.dtype), v], axis=1), group),
         allowed[None, None],
       )
-    elif self.implementation == "splash":
-      out = splash_attention(q, k, v, segment_ids, self.causal, pattern=pattern)
-    elif self.implementation == "cudnn":
-      out = jax.nn.dot_product_attention(
-        q, k, v, mask=mask, is_causal=self.causal, implementation="cudnn"
-      )
     else:
-      out = softmax_attention(q, k, v, mask, self.causal)
+      repeated = [constrain(_repeat_heads(a, group), HEADS) for a in (k, v)]
+      if self.implementation == "splash":
+        out = splash_attention(q, *repeated, segment_ids, self.causal, pattern=pattern)
+      elif self.implementation == "cudnn":
+        out = jax.nn.dot_product_attention(
+          q, *repeated, mask=mask, is_causal=self.causal, implementation="cudnn"
+        )
+      else:
+        out = softmax_attention(q, *repeated, mask, self.causal)
     out = constrain(out, HEADS)
     out_init = kernel_init(self.weight_init, self.num_layers, (0, 1), 2, writes_residual=True)
     out = Projection(
@@ -159,8 +164,8 @@ class Attention(nn.Module):
     return out if cache is None else (out, (k, v))
 
   def _grouped_qkv(self, x, cos, sin, head_dim: int, kv_heads: int):
-    """q [B, L, H, Dh] and k, v repeated from kv_heads to H heads (query head j reads key and
-    value head j // (H / kv_heads)), from a q kernel [D, H, Dh] and a kv kernel [D, 2, Hkv, Dh]."""
+    """q [B, L, H, Dh] and k, v [B, L, Hkv, Dh] from a q kernel [D, H, Dh] and a kv kernel
+    [D, 2, Hkv, Dh] (query head j reads key and value head j // (H / kv_heads))."""
     model_dim = x.shape[-1]
     q = Projection(
       (model_dim, self.num_heads, head_dim),
@@ -181,6 +186,9 @@ class Attention(nn.Module):
       name="kv",
     )(x)
     k, v = jnp.unstack(kv, axis=2)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    group = self.num_heads // kv_heads
-    return q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def _repeat_heads(kv, group: int):
+  """Keys or values [B, L, Hkv, Dh] for every query head: each head repeated `group` times."""
+  return kv if group == 1 else jnp.repeat(kv, group, axis=2)

@@ -15,6 +15,8 @@ Every param and the main activations carry logical axis names ("embed",
 mesh in context the names change nothing.
 """
 
+from typing import Callable
+
 import chex
 import flax.linen as nn
 import jax
@@ -53,7 +55,68 @@ ADALN_ACTIVATIONS = (
   "silu",
   "sigmoid",
 )  # Applied to the time embedding before every adaLN projection.
-_TIME_CONDITIONINGS = ("none", "adaln")
+TIME_CONDITIONINGS = ("none", "adaln")
+
+
+def check_network(
+  *,
+  model_dim: int,
+  num_heads: int,
+  num_kv_heads: int = 0,
+  time_conditioning: str = "none",
+  attention: str = "xla",
+  remat: str = "none",
+  norm: str = "rms",
+  mlp: str = "swiglu",
+  output_init: str = "normal",
+  weight_init: str = "normal",
+  time_features: str = "dit",
+  adaln_activation: str = "silu",
+  time_dim: int = 0,
+  embed_dim: int = 0,
+  tie_embeddings: bool = False,
+  name: Callable[[str], str] = str,
+):
+  """Raises ValueError for a network no Transformer builds, naming each field as name(field):
+  the one check of the architecture, which the Transformer runs on its own fields and the config
+  validation on config.model (name: lambda k: f"model.{k}")."""
+
+  def require(condition, message):
+    if not condition:
+      raise ValueError(message)
+
+  for field, value, valid in (
+    ("time_conditioning", time_conditioning, TIME_CONDITIONINGS),
+    ("attention", attention, ATTENTIONS),
+    ("remat", remat, REMATS),
+    ("norm", norm, NORMS),
+    ("mlp", mlp, MLPS),
+    ("output_init", output_init, OUTPUT_INITS),
+    ("weight_init", weight_init, WEIGHT_INITS),
+    ("time_features", time_features, TIME_FEATURES),
+    ("adaln_activation", adaln_activation, ADALN_ACTIVATIONS),
+  ):
+    require(value in valid, f"{name(field)}={value!r} is unknown; valid: {', '.join(valid)}.")
+  require(
+    model_dim % num_heads == 0 and (model_dim // num_heads) % 2 == 0,
+    f"{name('model_dim')}={model_dim} / {name('num_heads')}={num_heads} must be an even "
+    "integer head dim (RoPE rotates pairs).",
+  )
+  require(
+    num_kv_heads >= 0 and num_heads % (num_kv_heads or num_heads) == 0,
+    f"{name('num_kv_heads')}={num_kv_heads!r} must be 0 (= num_heads) or divide "
+    f"{name('num_heads')}={num_heads}: each key/value head serves a whole group of query heads.",
+  )
+  require(
+    time_features != "ddpm" or (time_dim or model_dim) >= 4,
+    f"{name('time_features')}='ddpm' needs a time width >= 4 ({name('time_dim')}, 0: "
+    f"model_dim), got {time_dim or model_dim}.",
+  )
+  require(
+    not (tie_embeddings and embed_dim),
+    f"{name('tie_embeddings')} reads the logits off the model_dim-wide embedding: set "
+    f"{name('embed_dim')}=0.",
+  )
 
 
 class Transformer(nn.Module):
@@ -111,38 +174,23 @@ class Transformer(nn.Module):
   tie_embeddings: bool = False
 
   def _check_config(self, alpha):
-    if self.time_conditioning not in _TIME_CONDITIONINGS:
-      raise ValueError(
-        f"unknown time_conditioning {self.time_conditioning!r}; "
-        f"expected one of {_TIME_CONDITIONINGS}"
-      )
-    if self.attention not in ATTENTIONS:
-      raise ValueError(f"unknown attention {self.attention!r}; expected one of {ATTENTIONS}")
-    for name, value, valid in (
-      ("remat", self.remat, REMATS),
-      ("norm", self.norm, NORMS),
-      ("mlp", self.mlp, MLPS),
-      ("output_init", self.output_init, OUTPUT_INITS),
-      ("weight_init", self.weight_init, WEIGHT_INITS),
-      ("time_features", self.time_features, TIME_FEATURES),
-      ("adaln_activation", self.adaln_activation, ADALN_ACTIVATIONS),
-    ):
-      if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; expected one of {valid}")
-    time_width = self.time_dim or self.model_dim
-    if self.time_features == "ddpm" and time_width < 4:
-      raise ValueError(f"time_features='ddpm' needs a time width >= 4, got {time_width}")
-    if self.model_dim % self.num_heads:
-      raise ValueError(f"model_dim {self.model_dim} is not divisible by num_heads {self.num_heads}")
-    head_dim = self.model_dim // self.num_heads
-    if head_dim % 2:
-      raise ValueError(f"head dim {head_dim} (model_dim / num_heads) must be even for RoPE")
-    if self.num_heads % (self.num_kv_heads or self.num_heads):
-      raise ValueError(
-        f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}"
-      )
-    if self.tie_embeddings and self.embed_dim:
-      raise ValueError("tie_embeddings needs an embedding of the model's width (embed_dim=0)")
+    check_network(
+      model_dim=self.model_dim,
+      num_heads=self.num_heads,
+      num_kv_heads=self.num_kv_heads,
+      time_conditioning=self.time_conditioning,
+      attention=self.attention,
+      remat=self.remat,
+      norm=self.norm,
+      mlp=self.mlp,
+      output_init=self.output_init,
+      weight_init=self.weight_init,
+      time_features=self.time_features,
+      adaln_activation=self.adaln_activation,
+      time_dim=self.time_dim,
+      embed_dim=self.embed_dim,
+      tie_embeddings=self.tie_embeddings,
+    )
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
 
@@ -165,8 +213,8 @@ class Transformer(nn.Module):
     return (self.block_size, clean is not None)
 
   def _blocks(self, x, cond, mask, rope, segment_ids, block_layout, cache=None):
-    """x after every block; with cache (keys, values [N, B, C, H, Dh], valid [C]): (x, the
-    blocks' own keys and values [N, B, L, H, Dh])."""
+    """x after every block; with cache (keys, values [N, B, C, Hkv, Dh], valid [C]): (x, the
+    blocks' own keys and values [N, B, L, Hkv, Dh])."""
     kwargs = dict(
       block_layout=block_layout,
       num_heads=self.num_heads,
@@ -237,9 +285,9 @@ class Transformer(nn.Module):
     and the clean blocks before it (`attention.block_pattern`), and returns the logits of
     every noisy block at once: what one call per block, each on the clean prefix and the noisy
     block, would give.
-    cache {"k", "v": [N, B, C, H, Dh], "valid": [C] bool} (block diffusion's sampler): tokens
+    cache {"k", "v": [N, B, C, Hkv, Dh], "valid": [C] bool} (block diffusion's sampler): tokens
     are one block at absolute positions (given, any size) that reads the valid cached keys and
-    values and itself; returns (logits, {"k", "v": the block's own, [N, B, L, H, Dh]}).
+    values and itself; returns (logits, {"k", "v": the block's own, [N, B, L, Hkv, Dh]}).
     attention_mask [L, L] or [B, L, L] bool or None: where query i may read key j besides
     what segment_ids allow (the caller's pattern, e.g. an annealed causal mask,
     `md4jax.training.adaptation`); not with clean, cache or the splash kernel.

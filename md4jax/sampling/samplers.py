@@ -1,11 +1,10 @@
-"""Reverse-process samplers for masked diffusion LMs (docs/math.md, "Reverse process").
+"""The reverse-process samplers of one block (docs/math.md, "Reverse process"): every method of
+`md4jax.sample`, which runs them block after block (`md4jax.sampling.decoder`).
 
-Pure, traceable functions over any `denoise_fn(z, alpha) -> logits [B, L, V]`
-with V == mask_id; loops are `lax.fori_loop` / `lax.while_loop`. `sample` called with
-concrete arrays compiles once per denoiser and settings and checks the logits; a caller
-who changes the model parameters jits it once with them as an argument:
-
-  jax.jit(lambda key, params: sample(key, lambda z, a: model.apply(params, z, a), ...))
+Pure, traceable functions over any `denoise_fn(z, alpha) -> logits [B, L, V]` with V == mask_id;
+loops are `lax.fori_loop` / `lax.while_loop`. `run` samples one block from its initial tokens;
+`Settings` is everything but the key, the denoiser and the tokens (static for jit), and
+`check_settings` the one check of them that `sample` and the config validation share.
 
 Every loop is bounded by the calls its method states (`max_calls`): the adaptive ones
 (jump, first_hitting, confidence, threshold) reveal at least one masked position of every
@@ -56,13 +55,10 @@ denoiser is called as denoise_fn(z, t [B]) (`unmasking.sample_state_dependent`).
 """
 
 import dataclasses
-import functools
 from typing import Callable, Optional
 
-import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from md4jax.diffusion import bounds
 from md4jax.sampling import categorical, remasking, steps, unmasking
@@ -84,11 +80,13 @@ __all__ = [
   "METHODS",
   "NonFiniteLogitsError",
   "REMASKS",
+  "Settings",
   "TIME_FREE_METHODS",
   "TIME_GRIDS",
   "check_logits",
+  "check_settings",
   "max_calls",
-  "sample",
+  "run",
   "time_grid",
 ]
 
@@ -98,42 +96,27 @@ METHODS = ("ancestral", "cached", "jump", "first_hitting", "confidence", "thresh
 TIME_FREE_METHODS = ("cached", "jump")  # Exact only for a denoiser that ignores α.
 
 
-def _initial_tokens(batch_size, length, mask_id, prompt, prompt_mask) -> Array:
-  z = jnp.full((batch_size, length), mask_id, jnp.int32)
-  if prompt is None:
-    return z
-  prompt = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (batch_size, length))
-  given = prompt != mask_id  # A position holding the mask id is filled, whatever prompt_mask says.
-  if prompt_mask is not None:
-    given &= jnp.broadcast_to(jnp.asarray(prompt_mask, jnp.bool_), (batch_size, length))
-  return jnp.where(given, prompt, z)
-
-
 @dataclasses.dataclass(frozen=True)
-class _Setting:
-  """Everything but the key and the prompt: static for jit, one hashable cache key."""
+class Settings:
+  """A block sampler's settings: static for jit, one hashable cache key (`check_settings`)."""
 
-  denoise_fn: Callable
-  batch_size: int
-  length: int
   schedule: object
   mask_id: int
-  method: str
-  num_steps: Optional[int]
-  temperature: float
-  top_k: Optional[int]
-  top_p: Optional[float]
-  time_grid_kind: str
-  confidence: str
-  threshold: Optional[float]
-  noise: str
-  record_trajectory: bool
-  trajectory_top_k: int
-  remask: str
-  remask_eta: float
-  remask_loop: int
-  remask_loop_alpha: float
-  guidance_scale: float
+  method: str = "ancestral"
+  num_steps: Optional[int] = None
+  temperature: float = 1.0
+  top_k: Optional[int] = None
+  top_p: Optional[float] = None
+  time_grid_kind: str = "uniform"
+  confidence: str = "max_prob"
+  threshold: Optional[float] = None
+  noise: str = "float64"
+  remask: str = "cap"
+  remask_eta: float = 0.0
+  remask_loop: int = 0
+  remask_loop_alpha: float = 0.9
+  record_trajectory: bool = False
+  trajectory_top_k: int = 5
 
   def filtered(self, logits):
     return categorical.filter_logits(
@@ -155,8 +138,12 @@ class _Setting:
       return jax.nn.one_hot(jnp.argmax(logits, -1), self.mask_id, dtype=jnp.float32)
     return jax.nn.softmax(self.filtered(logits), axis=-1)
 
+  def max_calls(self, length: int) -> int:
+    """The calls a block of `length` positions takes at most."""
+    return max_calls(self.method, length, self.num_steps, self.remask_loop)
 
-# One signature for every sampler: (setting, key, denoise_fn, z, trajectory) ->
+
+# One signature for every sampler: (settings, key, denoise_fn, z, trajectory) ->
 # (tokens, calls, first broken call or −1, trajectory).
 _SAMPLERS = {
   "ancestral": lambda s, key, f, z, tr: unmasking.sample_ancestral(
@@ -207,6 +194,31 @@ _SAMPLERS = {
 assert set(_SAMPLERS) == set(METHODS)
 
 
+def run(settings: Settings, key, denoise_fn, z):
+  """Samples the masked positions of z [B, L] (the others are given and never change): (tokens,
+  calls, the first call whose logits were broken or −1, trajectory or None)."""
+  denoise_fn = bounds.checked_denoiser(denoise_fn, settings.mask_id)
+  trajectory = None
+  if settings.record_trajectory:
+    num_records = settings.max_calls(z.shape[1])
+    trajectory = steps.new_trajectory(z, num_records, settings.mask_id, settings.trajectory_top_k)
+  if settings.schedule.state_dependent:
+    s = settings
+    return unmasking.sample_state_dependent(
+      key,
+      denoise_fn,
+      z,
+      s.schedule,
+      s.mask_id,
+      s.num_steps,
+      s.time_grid_kind,
+      s.probs,
+      s.noise,
+      trajectory,
+    )
+  return _SAMPLERS[settings.method](settings, key, denoise_fn, z, trajectory)
+
+
 def with_prompt_masked(z, alpha, given, mask_id):
   """Guidance's doubled batch: (z then z with the given positions masked, alpha twice) [2B]."""
   batch_size = z.shape[0]
@@ -224,209 +236,84 @@ def mix_guidance(both, scale):
   return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
 
 
-def _guided(denoise_fn, given, mask_id, scale):
-  """denoise_fn under classifier-free guidance: both logits from one call on the doubled batch."""
-
-  def guided(z, alpha):
-    return mix_guidance(denoise_fn(*with_prompt_masked(z, alpha, given, mask_id)), scale)
-
-  return guided
-
-
-def _run(setting: _Setting, key, prompt, prompt_mask):
-  denoise_fn = bounds.checked_denoiser(setting.denoise_fn, setting.mask_id)
-  z = _initial_tokens(setting.batch_size, setting.length, setting.mask_id, prompt, prompt_mask)
-  if setting.guidance_scale != 0:
-    denoise_fn = _guided(denoise_fn, z != setting.mask_id, setting.mask_id, setting.guidance_scale)
-  trajectory = None
-  if setting.record_trajectory:
-    num_records = max_calls(setting.method, setting.length, setting.num_steps, setting.remask_loop)
-    trajectory = steps.new_trajectory(z, num_records, setting.mask_id, setting.trajectory_top_k)
-  if setting.schedule.state_dependent:
-    tokens, nfe, first_bad, trajectory = unmasking.sample_state_dependent(
-      key,
-      denoise_fn,
-      z,
-      setting.schedule,
-      setting.mask_id,
-      setting.num_steps,
-      setting.time_grid_kind,
-      setting.probs,
-      setting.noise,
-      trajectory,
-    )
-  else:
-    tokens, nfe, first_bad, trajectory = _SAMPLERS[setting.method](
-      setting, key, denoise_fn, z, trajectory
-    )
-  info = {"nfe": nfe, "nonfinite_call": first_bad}
-  if trajectory is not None:
-    info["trajectory"] = trajectory
-  return tokens, info
-
-
-@functools.lru_cache(
-  maxsize=16
-)  # Bounded: each entry holds its denoiser (and what it closes over).
-def _compiled(setting: _Setting):
-  return jax.jit(functools.partial(_run, setting))
-
-
-def _check_prompt(prompt, prompt_mask, mask_id):
-  """Given positions must hold clean ids (checked when the prompt is a concrete array)."""
-  ids = np.asarray(prompt)
-  given = ids != mask_id if prompt_mask is None else np.asarray(prompt_mask, bool)
-  given = np.broadcast_to(given, np.broadcast_shapes(given.shape, ids.shape))
-  ids = np.broadcast_to(ids, given.shape)
-  if np.any((ids < 0) | (ids > mask_id)):
-    raise ValueError(
-      f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
-      f"position to fill), got ids from {ids.min()} to {ids.max()}."
-    )
-  if np.any(given & (ids == mask_id)):
-    raise ValueError(
-      "sample: prompt_mask marks a position whose prompt id is the mask id; a given "
-      "position must hold a clean token."
-    )
-
-
-def sample(
-  key: Array,
-  denoise_fn,
+def check_settings(
   *,
-  batch_size: int,
-  length: int,
   schedule,
-  mask_id: int,
-  method: str = "ancestral",
-  num_steps: Optional[int] = None,
-  temperature: float = 1.0,
-  top_k: Optional[int] = None,
-  top_p: Optional[float] = None,
-  prompt: Optional[Array] = None,
-  prompt_mask: Optional[Array] = None,
+  method: str,
+  num_steps: Optional[int],
+  threshold: Optional[float],
+  temperature: float,
+  top_k: Optional[int],
+  top_p: Optional[float],
+  noise: str = "float64",
   time_grid_kind: str = "uniform",
   confidence: str = "max_prob",
-  threshold: Optional[float] = None,
-  noise: str = "float64",
   remask: str = "cap",
   remask_eta: float = 0.0,
   remask_loop: int = 0,
   remask_loop_alpha: float = 0.9,
   guidance_scale: float = 0.0,
-  record_trajectory: bool = False,
-  trajectory_top_k: int = 5,
+  has_prompt: bool = True,
+  name: Callable[[str], str] = str,
 ):
-  """Generates [B, L] int32 tokens from all-mask (prompt positions given and clamped).
+  """Raises ValueError for settings no sampler takes, naming each setting as name(argument)
+  (the config's validation passes lambda k: f"sample.{k}")."""
 
-  Called with concrete arrays, it runs a compiled program cached by the denoiser (the same
-  function object) and the settings, so a second call with them does not compile again, and
-  it raises NonFiniteLogitsError if the denoiser returned broken logits. Called inside a
-  caller's jit it traces inline; then check the returned info with `check_logits`.
+  def require(condition, message):
+    if not condition:
+      raise ValueError(message)
 
-  Args:
-    prompt, prompt_mask: tokens [L] or [B, L] and where they are given (default:
-      wherever prompt != mask_id); those positions never change (infilling
-      when they are scattered).
-    num_steps: steps of the time grid; ignored by first_hitting and threshold.
-      Required otherwise.
-    threshold: method="threshold" only: reveal every masked position whose top
-      probability is >= threshold (in [0, 1]; 0 reveals everything in one call).
-    noise: "float64" (accurate tails, default) or "float32" (for comparison only).
-    remask, remask_eta, remask_loop, remask_loop_alpha: method="remdm" only: the strategy
-      of σ_t ("cap": min(η, σ_max), "rescale": η σ_max, "confidence": σ_max shared by the
-      visible tokens, the least confident first; η unused), and ReMDM-loop's extra steps at
-      the fixed α the grid first reaches above remask_loop_alpha (then only they remask).
-    guidance_scale: w of classifier-free guidance (any method): each call mixes the
-      denoiser's log-probs as (1 + w) cond − w uncond, uncond with the prompt masked (one
-      call on the doubled batch); 0 is the conditional model, bit for bit. Needs a prompt.
-    record_trajectory: also return info["trajectory"]: "tokens" [S + 1, B, L]
-      (the state before the first step and after each step), the denoiser's
-      "top_ids" / "top_probs" [S, B, L, K] and "alphas" [S, B] at each step
-      (the times t for a state-dependent schedule).
-      S = max_calls(method, length, num_steps, remask_loop) (steps past info["nfe"] repeat
-      the end).
-  Returns:
-    (tokens [B, L] int32, info): info["nfe"] the network calls for the batch (at most
-    `max_calls(method, length, num_steps)`), info["nonfinite_call"] the index of the first
-    call whose logits at a masked position were broken (−1: none).
-  """
-  if method not in METHODS:
-    raise ValueError(f"Unknown sampling method {method!r}; valid: {', '.join(METHODS)}.")
-  if schedule.state_dependent and method != "ancestral":
-    raise ValueError(
-      f"The state-dependent schedule {schedule.name!r} samples with "
-      f"method='ancestral' only, got {method!r}."
+  def choice(value, argument, what, choices):
+    require(
+      value in choices,
+      f"{name(argument)}={value!r} is unknown; valid {what}: {', '.join(choices)}.",
     )
-  if method not in ("first_hitting", "threshold") and (num_steps is None or num_steps < 1):
-    raise ValueError(f"method={method!r} needs num_steps >= 1, got {num_steps!r}.")
-  if (method == "threshold") != (threshold is not None) or (
-    threshold is not None and not 0 <= threshold <= 1
-  ):
-    raise ValueError(
-      "method='threshold' needs a threshold in [0, 1], and only it takes one; got "
-      f"method={method!r}, threshold={threshold!r}."
-    )
-  if noise not in categorical.NOISE_KINDS:
-    raise ValueError(f"Unknown noise {noise!r}; valid: {', '.join(categorical.NOISE_KINDS)}.")
-  if time_grid_kind not in TIME_GRIDS:
-    raise ValueError(f"Unknown time grid {time_grid_kind!r}; valid: {', '.join(TIME_GRIDS)}.")
-  if confidence not in CONFIDENCES:
-    raise ValueError(f"Unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}.")
-  if guidance_scale != 0 and prompt is None:
-    raise ValueError(
-      "sample: guidance_scale needs a prompt: guidance contrasts the prompt with the prompt masked."
-    )
-  if not guidance_scale >= 0:
-    raise ValueError(f"sample: guidance_scale must be >= 0, got {guidance_scale}.")
-  if remask not in REMASKS:
-    raise ValueError(f"Unknown remask strategy {remask!r}; valid: {', '.join(REMASKS)}.")
-  if not 0 <= remask_eta <= 1 or remask_loop < 0 or not 0 < remask_loop_alpha < 1:
-    raise ValueError(
-      "remdm needs 0 <= remask_eta <= 1, remask_loop >= 0 and 0 < remask_loop_alpha "
-      f"< 1; got {remask_eta}, {remask_loop}, {remask_loop_alpha}."
-    )
-  categorical.filter_logits(jnp.zeros((1, 2)), temperature=temperature, top_k=top_k, top_p=top_p)
-  for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
-    if given is not None:
-      chex.assert_rank(given, {1, 2}, custom_message=f"sample: {name} must be [L] or [B, L]")
-      chex.assert_shape(
-        given,
-        (batch_size, length)[-jnp.ndim(given) :],
-        custom_message=f"sample: {name} must be [length] or [batch_size, length]",
-      )
-  setting = _Setting(
-    denoise_fn,
-    batch_size,
-    length,
-    schedule,
-    mask_id,
-    method,
-    num_steps,
-    temperature,
-    top_k,
-    top_p,
-    time_grid_kind,
-    confidence,
-    threshold,
-    noise,
-    record_trajectory,
-    trajectory_top_k,
-    remask,
-    float(remask_eta),
-    int(remask_loop),
-    float(remask_loop_alpha),
-    float(guidance_scale),
+
+  require(
+    hasattr(schedule, "state_dependent"),
+    f"{name('schedule')} must be a schedule (md4jax.get_schedule(name)), got {schedule!r}.",
   )
-  traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask)))
-  if traced:
-    return _run(setting, key, prompt, prompt_mask)
-  if prompt is not None:
-    _check_prompt(prompt, prompt_mask, mask_id)
-  try:
-    run = _compiled(setting)
-  except TypeError:  # An unhashable schedule: compile for this call only.
-    run = jax.jit(functools.partial(_run, setting))
-  tokens, info = run(key, prompt, prompt_mask)
-  check_logits(info, method)
-  return tokens, info
+  choice(method, "method", "sampling methods", METHODS)
+  require(
+    not schedule.state_dependent or method == "ancestral",
+    f"The state-dependent schedule {schedule.name!r} samples with method='ancestral' only, "
+    f"got {name('method')}={method!r}.",
+  )
+  require(
+    method in ("first_hitting", "threshold")
+    or (isinstance(num_steps, int) and not isinstance(num_steps, bool) and num_steps >= 1),
+    f"method={method!r} needs {name('num_steps')} >= 1, got {num_steps!r}.",
+  )
+  require(
+    (method == "threshold") == (threshold is not None)
+    and (threshold is None or 0 <= threshold <= 1),
+    f"method='threshold' needs a {name('threshold')} in [0, 1], and only it takes one; got "
+    f"method={method!r}, threshold={threshold!r}.",
+  )
+  choice(noise, "noise", "noises", categorical.NOISE_KINDS)
+  choice(time_grid_kind, "time_grid_kind", "time grids", TIME_GRIDS)
+  choice(confidence, "confidence", "confidences", CONFIDENCES)
+  require(temperature >= 0, f"{name('temperature')} must be >= 0, got {temperature}.")
+  require(
+    top_k is None or (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1),
+    f"{name('top_k')} must be an integer >= 1 or off, got {top_k!r}.",
+  )
+  require(
+    top_p is None or 0 < top_p <= 1, f"{name('top_p')} must be in (0, 1] or off, got {top_p}."
+  )
+  choice(remask, "remask", "remask strategies", REMASKS)
+  require(0 <= remask_eta <= 1, f"{name('remask_eta')} must be in [0, 1], got {remask_eta}.")
+  require(
+    isinstance(remask_loop, int) and not isinstance(remask_loop, bool) and remask_loop >= 0,
+    f"{name('remask_loop')} must be an integer >= 0, got {remask_loop!r}.",
+  )
+  require(
+    0 < remask_loop_alpha < 1,
+    f"{name('remask_loop_alpha')} must be in (0, 1), got {remask_loop_alpha}.",
+  )
+  require(guidance_scale >= 0, f"{name('guidance_scale')} must be >= 0, got {guidance_scale}.")
+  require(
+    guidance_scale == 0 or has_prompt,
+    f"{name('guidance_scale')} needs a prompt ({name('prompt')}): guidance contrasts the "
+    "prompt with the prompt masked.",
+  )

@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from md4jax.runtime import workdir as workdir_lib
-from md4jax.training import checkpoint, objective
+from md4jax.training import objective
 from md4jax.training import state as state_lib
 
 # fold_in(the step's key, this): the annealed pattern's draws, apart from the loss's own.
@@ -53,40 +52,29 @@ def initial_state(
   model,
   optimizer,
   mesh: Mesh,
-  source_config: Optional[ml_collections.ConfigDict] = None,
+  init_params=None,
+  origin: str = "",
   log=print,
 ) -> state_lib.TrainState:
-  """Step 0 of a fresh run: the random init, or training.init_from's EMA params (sharded as
-  the run's state). source_config: the init_from workdir's config, which the caller reads
-  (config_lib.workdir_config; the training layer reads no config files)."""
-  if not config.training.init_from:
+  """Step 0 of a fresh run: the random init, or init_params (training.init_from's EMA params,
+  which the caller restores: md4jax.load) sharded as the run's state. origin: where they came
+  from, for the log line and the error."""
+  if init_params is None:
     return state_lib.init_state(config, model, optimizer, mesh)
-  path = config.training.init_from
-  if source_config is None:
-    raise ValueError(f"training.init_from={path!r}: pass its config (config_lib.workdir_config).")
-  source = workdir_lib.as_workdir(path)
   target = state_lib.abstract_state(config, model, optimizer, mesh)
-  source_model = state_lib.build_model(source_config)
-  source_optimizer = state_lib.make_optimizer(source_config)
-  abstract = state_lib.abstract_state(source_config, source_model, source_optimizer, mesh)
-  wanted, held = _network_shapes(target.params), _network_shapes(abstract.params)
+  wanted, held = _network_shapes(target.params), _network_shapes(init_params)
   if wanted != held:
     only = [f"{k} only in {'this run' if k in wanted else 'it'}" for k in set(wanted) ^ set(held)]
     differ = [
       f"{k} {held[k]} vs {wanted[k]}" for k in set(wanted) & set(held) if held[k] != wanted[k]
     ]
     raise ValueError(
-      f"training.init_from={path!r}: its params do not fit this model (its shape vs this run's): "
-      f"{'; '.join(sorted(differ + only)[:4])}. Keep its model keys (configs/adapt.py does)."
+      f"training.init_from={config.training.init_from!r}: its params do not fit this model (its "
+      f"shape vs this run's): {'; '.join(sorted(differ + only)[:4])}. Keep its model keys "
+      "(configs/adapt.py does)."
     )
-  restored = checkpoint.restore_workdir(
-    source, abstract, f"training.init_from={path!r}", lambda line: log(f"init_from: {line}")
-  )
-  params = objective.network_params(restored.state.ema_params)
+  params = objective.network_params(init_params)
   state = state_lib.state_from_params(config, optimizer, params)
   state = jax.device_put(state, state_lib.state_shardings(target))
-  log(
-    f"Starting from the EMA params of step {restored.step} in {source.checkpoints} "
-    f"(training.init_from: model.type {source_config.model.type!r}, now {config.model.type!r})."
-  )
+  log(f"Starting from the EMA params of {origin} (training.init_from).")
   return state

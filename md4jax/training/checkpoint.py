@@ -1,5 +1,6 @@
-"""Orbax checkpoints: one folder per step in the workdir's checkpoints/, holding the train
-state, the data-iterator state, the training loop's unlogged metrics and the config.
+"""Orbax checkpoints: one folder per step in a run's checkpoints folder (its workdir's
+checkpoints/), holding the train state, the data-iterator state, the training loop's unlogged
+metrics and the config.
 
 Saves are asynchronous: `save` returns once the arrays are copied to host and
 the files are written in the background; `wait` blocks until they are on disk
@@ -23,8 +24,6 @@ import ml_collections
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from md4jax.runtime import workdir as workdir_lib
-
 ITEMS = ("state", "data", "loop", "config")
 UNREADABLE_SUFFIX = ".unreadable"
 
@@ -43,12 +42,13 @@ class Restored:
   )
 
 
-def make_manager(workdir, max_to_keep: int) -> ocp.CheckpointManager:
+def make_manager(directory, max_to_keep: int) -> ocp.CheckpointManager:
+  """The manager of the checkpoints folder `directory` (created by the first save)."""
   options = ocp.CheckpointManagerOptions(
     max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
   )
   return ocp.CheckpointManager(
-    workdir_lib.as_workdir(workdir).checkpoints.absolute(), options=options, item_names=ITEMS
+    pathlib.Path(directory).absolute(), options=options, item_names=ITEMS
   )
 
 
@@ -180,18 +180,22 @@ def restore(
   return None
 
 
-def restore_workdir(workdir, abstract_state, what: str, log: Callable[[str], None] = print):
-  """`restore` of another run's workdir (a judge, an export, the lm-eval model, init_from): its
-  newest checkpoint that reads back, onto the shardings of `abstract_state`. CheckpointError,
-  one line naming `what` (the setting that named the workdir, e.g. "--in='/w'"), when it holds
-  none; its checkpoints/ is never created."""
-  workdir = workdir_lib.as_workdir(workdir)
-  restored = None
-  if workdir.checkpoints.is_dir():
-    restored = restore(make_manager(workdir, 1), abstract_state, log)
-  if restored is None:
-    raise CheckpointError(f"{what}: no checkpoint in {workdir.checkpoints}.")
-  return restored
+def restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, role: str) -> Restored:
+  """Checkpoint `step` onto the shardings of abstract_state; CheckpointError in one line naming
+  `role` (what asked for it) when it is missing or does not read back."""
+  manager.reload()
+  steps = sorted(manager.all_steps())
+  if step not in steps:
+    raise CheckpointError(
+      f"{role}: no checkpoint of step {step} in {manager.directory} (steps there: "
+      f"{', '.join(map(str, steps)) or 'none'})."
+    )
+  try:
+    return _restore_step(manager, step, abstract_state)
+  except Exception as e:  # pylint: disable=broad-except  (any unreadable file)
+    raise CheckpointError(
+      f"{role}: checkpoint {step_dir(manager, step)} cannot be read ({_reason(e)})."
+    ) from None
 
 
 def _restore_step(manager, step: int, abstract_state) -> Restored:

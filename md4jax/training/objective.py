@@ -36,13 +36,13 @@ import jax.numpy as jnp
 import ml_collections
 
 from md4jax.diffusion import blocks, bounds, schedules
+from md4jax.diffusion.denoiser import Denoiser, shifted_inputs
 
 
 def ar_inputs(tokens: jax.Array, bos_id: int, positions: Optional[jax.Array] = None) -> jax.Array:
   """[BOS, x_0, ..., x_{L-2}]: position i predicts x_i from the tokens before it. With positions
   [B, L] (packed documents), each document starts from BOS, never from its predecessor's end."""
-  inputs = jnp.concatenate([jnp.full_like(tokens[:, :1], bos_id), tokens[:, :-1]], axis=1)
-  return inputs if positions is None else jnp.where(positions == 0, bos_id, inputs)
+  return shifted_inputs(tokens, bos_id, positions)
 
 
 SCHEDULE_PARAMS = (
@@ -148,33 +148,25 @@ def sampling_denoiser(
   config: ml_collections.ConfigDict,
   segment_ids: Optional[jax.Array] = None,
   positions: Optional[jax.Array] = None,
-):
-  """denoise_fn(z, alpha) -> logits for the samplers, which call it with α (t for a
-  state-dependent schedule): a network conditioned on t (config.model.time_input = "t")
-  gets schedule.time_of(alpha), t to within the rounding of α. segment_ids and positions
-  [B, L] (as in a batch): rows that end in padding, which the real tokens never attend to."""
+) -> Denoiser:
+  """The samplers' `Denoiser` of the model: called with α (t for a state-dependent schedule);
+  a network conditioned on t (config.model.time_input = "t") gets schedule.time_of(α), t to
+  within the rounding of α; an ar model and a shifted mdm read [BOS, z_0, ..., z_{L-2}].
+  segment_ids and positions [B, L] (as in a batch): rows that end in padding, which the real
+  tokens never attend to."""
   schedule = schedule_of(params, config)
-  network = network_params(params)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
-  to_time = bounds.time_argument(schedule, time_input)
-
-  def rows_of(z, layout):
-    """layout [B', L] repeated to z's rows: guidance calls on [z; z with the prompt masked]."""
-    if layout is None or layout.shape[0] == z.shape[0]:
-      return layout
-    return jnp.tile(layout, (z.shape[0] // layout.shape[0], 1))
-
-  def denoise_fn(z, time):
-    layout = rows_of(z, positions)
-    return model.apply(
-      {"params": network},
-      _reader(config, layout)(z),
-      to_time(time),
-      rows_of(z, segment_ids),
-      layout,
-    )
-
-  return denoise_fn
+  shifted = config.model.type == "ar" or config.model.shifted_prediction
+  inputs = None
+  if segment_ids is not None or positions is not None:
+    inputs = {"segment_ids": segment_ids, "positions": positions}
+  return Denoiser.of_network(
+    model,
+    network_params(params),
+    shift_id=config.data.vocab_size if shifted else None,
+    time_of=None if time_input == "alpha" else schedule.time_of,
+    inputs=inputs,
+  )
 
 
 def sequence_nats(

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from md4jax.runtime import sharding
-from md4jax.training import adaptation, checkpoint, metrics_writer, objective, preemption
+from md4jax.training import adaptation, checkpoint, objective, preemption, progress
 from md4jax.training import state as state_lib
 
 TrainState = state_lib.TrainState
@@ -201,7 +201,7 @@ def train_loop(
   iterator,
   mesh: Mesh,
   manager,
-  writer: metrics_writer.MetricsWriter,
+  writer,
   *,
   last_checkpoint: Optional[int],
   window: list[dict],
@@ -212,11 +212,12 @@ def train_loop(
   (not at the last step: the caller evaluates the final state). Returns (state, stopped):
   stopped when a signal ended the run early, after a checkpoint of the step it finished.
 
+  writer: the run's outputs (md4jax.app.metrics_writer.MetricsWriter: write_train).
   `window` holds the metrics of the steps since the last log (restored with a checkpoint),
   so a resumed run logs exactly what the uninterrupted one would have.
   """
   start_step = int(sharding.to_host(state.step))
-  progress = metrics_writer.ProgressLine(
+  progress_line = progress.ProgressLine(
     config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps
   )
   unchecked = []  # Device metrics not yet fetched.
@@ -250,7 +251,7 @@ def train_loop(
       record["learning_rate"] = window[-1]["learning_rate"]
       record["tokens_per_second"] = timed_steps * tokens_per_step / elapsed if timed_steps else 0.0
       writer.write_train(step, record)
-      progress.update(
+      progress_line.update(
         step,
         record["loss"],
         record["tokens_per_second"],
@@ -261,16 +262,16 @@ def train_loop(
       save_start = time.perf_counter()
       checkpoint.save(manager, step, state, iterator.get_state(), config, {"window": window})
       last_checkpoint = step
-      progress.record("checkpoint", time.perf_counter() - save_start)
+      progress_line.record("checkpoint", time.perf_counter() - save_start)
       window_start += time.perf_counter() - save_start  # Keep the save out of tokens/s.
     if stopping:
       checkpoint.wait(manager)
-      progress.finish()
+      progress_line.finish()
       return state, True
     if should_eval:
       eval_start = time.perf_counter()
       evaluate_fn(state)
-      progress.record("evaluation", time.perf_counter() - eval_start)
+      progress_line.record("evaluation", time.perf_counter() - eval_start)
       window_start += time.perf_counter() - eval_start  # Keep evaluation out of tokens/s.
-  progress.finish()
+  progress_line.finish()
   return state, False

@@ -1,0 +1,109 @@
+"""A Hugging Face Llama or Qwen2 folder as an md4jax model, in memory: its config (md4jax's keys)
+and its params. `md4jax.load` opens such a folder with it; `python -m md4jax.convert` writes
+the workdir of one, and a workdir back as one."""
+
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from md4jax import config as config_lib
+from md4jax.data import tokenizer as tokenizer_lib
+from md4jax.model import hf_folder, hf_params
+from md4jax.training import state as state_lib
+
+
+def is_hf_folder(path) -> bool:
+  """Whether path holds a Hugging Face config.json (a "model_type", no md4jax "model" section)."""
+  config_json = pathlib.Path(path) / hf_folder.CONFIG_FILE
+  if not config_json.is_file():
+    return False
+  saved = hf_folder.read_config(path)
+  return "model_type" in saved and "model" not in saved
+
+
+def converted_config(
+  base: ml_collections.ConfigDict, options: dict, model_type: str, vocab_size: int = 0
+) -> ml_collections.ConfigDict:
+  """`base` with the model keys (and data.vocab_size) of a converted model of `options`."""
+  config = base.copy_and_resolve_references()
+  model = config.model
+  model.type, model.preset, model.time_conditioning = model_type, "none", "none"
+  model.norm, model.mlp, model.embed_dim, model.biases = "rms", "swiglu", 0, False
+  for key, value in options.items():
+    if key != "vocab_size":
+      model[key] = value
+  config.data.vocab_size = vocab_size or options["vocab_size"]
+  return config
+
+
+def check_fits(config: ml_collections.ConfigDict, params: dict):
+  """Raises ValueError unless params have exactly the model's param names and shapes."""
+  model = state_lib.build_model(config)
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, jnp.ones((1,)))["params"]
+  expected = jax.tree_util.tree_flatten_with_path(
+    jax.tree.map(lambda a: a.shape, nn.meta.unbox(boxed))
+  )[0]
+  got = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.shape, params))[0]
+  if dict(expected) != dict(got):
+    expected, got = dict(expected), dict(got)
+    wrong = [jax.tree_util.keystr(k) for k in set(expected) ^ set(got)]
+    wrong += [jax.tree_util.keystr(k) for k in set(expected) & set(got) if expected[k] != got[k]]
+    raise ValueError(f"The converted params do not fit the model at {sorted(wrong)[:5]}.")
+
+
+def folder_config(source, base=None, model_type: str = "ar", vocab_size: int = 0):
+  """(config, config.json's fields) of the folder `source`: every key the model does not fix
+  from `base` (base_config without one). With a tokenizer.json there, the config reads it
+  (data.tokenizer 'bpe'), and text data needs its size to be the model's rows."""
+  hf = hf_folder.read_config(source)
+  config = converted_config(
+    base or config_lib.base_config(), hf_params.model_options(hf), model_type, vocab_size
+  )
+  hf_tokenizer = pathlib.Path(source) / hf_folder.TOKENIZER_FILE
+  if hf_tokenizer.is_file():
+    config.data.tokenizer = "bpe"
+    config.data.tokenizer_path = str(hf_tokenizer.absolute())
+    size = tokenizer_lib.load(hf_tokenizer).vocab_size
+    if config.data.dataset != "markov" and size != config.data.vocab_size:
+      raise ValueError(
+        f"{hf_tokenizer} has {size} ids but the model {config.data.vocab_size} token rows; text "
+        f"data needs them equal (the mask id is one past the last): pass --vocab_size={size} "
+        "if the rows past it are padding."
+      )
+  return config, hf
+
+
+def folder_params(source, config: ml_collections.ConfigDict, hf: dict, vocab_size: int = 0):
+  """The params of the folder's weights for config (`folder_config`'s), as NumPy arrays."""
+  params = hf_params.to_md4jax(
+    hf_folder.read_weights(source),
+    hf_params.model_options(hf),
+    config.model.scan_layers,
+    vocab_size,
+  )
+  check_fits(config, params)
+  return params
+
+
+def md4jax_options(config: ml_collections.ConfigDict) -> dict:
+  """hf_params' model options of a workdir's config; ValueError naming a key no Hugging Face
+  Llama or Qwen2 has an equivalent of."""
+  model = config.model
+  for key, wanted in (
+    ("norm", "rms"),
+    ("mlp", "swiglu"),
+    ("time_conditioning", "none"),
+    ("embed_dim", 0),
+  ):
+    if model[key] != wanted:
+      raise ValueError(
+        f"model.{key}={model[key]!r}: Llama and Qwen2 have no equivalent; export needs {wanted!r}."
+      )
+  keys = ("num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_dim", "norm_eps")
+  keys += ("rope_base", "qkv_bias", "tie_embeddings")
+  return {**{key: model[key] for key in keys}, "vocab_size": config.data.vocab_size}

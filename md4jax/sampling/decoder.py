@@ -1,0 +1,527 @@
+"""The block decoder: `sample`, every sampler method run block after block with a cache strategy.
+
+A sample of L tokens is K = ⌈L / b⌉ blocks of b tokens (one block of L by default), sampled one
+after another, each by any method of `md4jax.sampling.samplers` given the blocks before it. What
+a network call on block k reads is the cache strategy's:
+
+  "none"    the denoiser runs on a window of context_length positions ending with the block
+            (the whole sample by default): the blocks before it, the block, and the positions
+            after it masked (a given prompt token stays shown). MDLM's sliding windows past the
+            context; with a block-causal network, block diffusion's reference.
+  "exact"   BD3-LM's KV cache, for a network whose blocks never read later ones (block-causal
+            with blocks of b, or causal): each finished block's keys and values are computed
+            once and every later call runs the network on b tokens that read them. Past the
+            context the cache is a ring of the last context_length − b positions. A shifted
+            network (an AR model, or Dream's shifted prediction) with b = 1 reads only the clean
+            token before the block, so its one call both samples the block and writes the
+            cache: AR decoding with a KV cache.
+  "prefix"  Fast-dLLM's approximate caches, for a time-free bidirectional network: at the start
+  "dual"    of each block one call on the whole sequence refreshes every position's keys and
+            values; a call then runs the block alone and reads those of the positions before it
+            (prefix), or of every position outside it (dual). They were computed while the block
+            was masked, so prefix and dual approximate "none" (benchmarks/leaderboard.py).
+
+One jitted program per shape and setting, cached by jax.jit: the denoiser travels as an argument
+(a `Denoiser`'s params are pytree leaves), so fresh params of one shape never compile again.
+Block k draws with fold_in(key, k); a sample of one block draws with the key itself, so b = L is
+the plain sampler, token for token.
+"""
+
+import dataclasses
+import functools
+import math
+import weakref
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from md4jax.diffusion.denoiser import Denoiser, as_denoiser
+from md4jax.sampling import samplers
+
+Array = jax.Array
+CACHES = ("none", "exact", "prefix", "dual")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything but the key, the denoiser and the prompt: static, one jit cache key."""
+
+  settings: samplers.Settings
+  batch_size: int
+  length: int
+  block_size: int
+  num_blocks: int
+  window: int  # Positions a call of cache "none" reads.
+  cache: str
+  slots: int  # Positions the exact cache holds.
+  guidance: float
+  eos_id: Optional[int]
+
+  @property
+  def padded(self) -> int:
+    return self.num_blocks * self.block_size
+
+  @property
+  def rows(self) -> int:
+    """Rows of every network call: under guidance, [rows; rows with the prompt masked]."""
+    return 2 * self.batch_size if self.guidance else self.batch_size
+
+
+def _initial(plan: _Plan, prompt, prompt_mask):
+  """(tokens [B, K b] with the given positions and masks elsewhere, given [B, K b] bool)."""
+  shape, mask_id = (plan.batch_size, plan.padded), plan.settings.mask_id
+  tokens = jnp.full(shape, mask_id, jnp.int32)
+  given = jnp.zeros(shape, bool)
+  if prompt is None:
+    return tokens, given
+  prompt = jnp.asarray(prompt, jnp.int32)
+  width = prompt.shape[-1]
+  prompt = jnp.broadcast_to(prompt, (plan.batch_size, width))
+  # A position holding the mask id is filled, whatever prompt_mask says.
+  shown = prompt != mask_id
+  if prompt_mask is not None:
+    shown &= jnp.broadcast_to(jnp.asarray(prompt_mask, bool), (plan.batch_size, width))
+  tokens = tokens.at[:, :width].set(jnp.where(shown, prompt, mask_id))
+  return tokens, given.at[:, :width].set(shown)
+
+
+def _guided(plan: _Plan, call, given):
+  """call(z, alpha) -> logits under classifier-free guidance: one call on the doubled rows, the
+  second half with the `given` positions masked."""
+  if not plan.guidance:
+    return call
+  mask_id = plan.settings.mask_id
+  return lambda z, alpha: samplers.mix_guidance(
+    call(*samplers.with_prompt_masked(z, alpha, given, mask_id)), plan.guidance
+  )
+
+
+def _window_denoiser(plan: _Plan, denoiser, tokens, given, start):
+  """Cache "none": block [start, start + b)'s denoise_fn, a call on the window ending with it."""
+  if plan.window == plan.padded == plan.block_size:  # One block, the whole sample.
+    return _guided(plan, denoiser, given)
+  b, window, mask_id = plan.block_size, plan.window, plan.settings.mask_id
+  first = jnp.maximum(start + b - window, 0)
+  shown = jax.lax.dynamic_slice_in_dim(tokens, first, window, axis=1)
+  shown_given = jax.lax.dynamic_slice_in_dim(given, first, window, axis=1)
+  # Later positions are masked; a prompt token there is known, and shown.
+  shown = jnp.where((first + jnp.arange(window) < start + b) | shown_given, shown, mask_id)
+  offset = start - first
+  guided = _guided(plan, denoiser, shown_given)
+
+  def block_denoiser(z, alpha):
+    logits = guided(jax.lax.dynamic_update_slice_in_dim(shown, z, offset, axis=1), alpha)
+    return jax.lax.dynamic_slice_in_dim(logits, offset, b, axis=1)
+
+  return block_denoiser
+
+
+def _cached_call(plan: _Plan, denoiser: Denoiser, tokens, start, cache, block_given):
+  """call(z, alpha) -> (logits, keys and values) of block [start, start + b) against `cache`,
+  on the doubled rows under guidance; a shifted network reads the token before each position."""
+  b = plan.block_size
+  positions = jnp.broadcast_to(start + jnp.arange(b), (plan.rows, b))
+  previous = jnp.where(
+    start > 0,
+    jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(start - 1, 0), axis=1),
+    denoiser.shift_id if denoiser.shift_id is not None else 0,
+  )
+
+  def call(z, alpha):
+    if denoiser.shift_id is not None:
+      z = jnp.concatenate([previous, z[:, :-1]], axis=1)
+    if plan.guidance:
+      z, alpha = samplers.with_prompt_masked(z, alpha, block_given, plan.settings.mask_id)
+    return denoiser.block_call(z, alpha, positions, cache)
+
+  return call
+
+
+def _mixed(plan: _Plan, logits):
+  return samplers.mix_guidance(logits, plan.guidance) if plan.guidance else logits
+
+
+def _block(plan: _Plan, key, denoiser, tokens, given, cache, block):
+  """Samples block `block` of tokens: (tokens, cache, calls, cache writes, first broken call of
+  the block or −1, trajectory)."""
+  b, mask_id = plan.block_size, plan.settings.mask_id
+  start = block * b
+  z = jax.lax.dynamic_slice_in_dim(tokens, start, b, axis=1)
+  block_given = jax.lax.dynamic_slice_in_dim(given, start, b, axis=1)
+  clean_alpha = jnp.ones((plan.batch_size,), jnp.float32)  # A cache write reads clean tokens.
+  extra_calls, writes, written = 0, 0, None
+  if plan.cache == "none":
+    block_denoiser = _window_denoiser(plan, denoiser, tokens, given, start)
+  elif plan.cache == "exact":
+    call = _cached_call(plan, denoiser, tokens, start, cache, block_given)
+    if denoiser.shift_id is not None and b == 1:  # The block's input is clean: call once.
+      logits, written = call(z, clean_alpha)
+      block_denoiser = lambda z, alpha: _mixed(plan, logits)
+    else:
+      block_denoiser = lambda z, alpha: _mixed(plan, call(z, alpha)[0])
+  else:  # prefix, dual: refresh every position's keys and values, then read them.
+    layout = denoiser.cache_layout
+    everywhere = jnp.broadcast_to(jnp.arange(plan.padded), (plan.rows, plan.padded))
+    full, alpha = tokens, clean_alpha
+    if plan.guidance:
+      full, alpha = samplers.with_prompt_masked(full, alpha, given, mask_id)
+    _, kv = denoiser.block_call(full, alpha, everywhere, layout.empty(plan.rows, 0))
+    columns = jnp.arange(plan.padded)
+    inside = (columns >= start) & (columns < start + b)
+    valid = columns < start if plan.cache == "prefix" else ~inside
+    call = _cached_call(plan, denoiser, tokens, start, {**kv, "valid": valid}, block_given)
+    block_denoiser = lambda z, alpha: _mixed(plan, call(z, alpha)[0])
+    extra_calls = 1
+  block_key = key if plan.num_blocks == 1 else jax.random.fold_in(key, block)
+  new, calls, broken, trajectory = samplers.run(plan.settings, block_key, block_denoiser, z)
+  broken = jnp.where(broken >= 0, broken + extra_calls, -1)
+  tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
+  if plan.cache == "exact" and plan.slots:
+    if written is None:
+      _, written = _cached_call(plan, denoiser, tokens, start, cache, block_given)(new, clean_alpha)
+      writes = 1
+    slot = (block % max(plan.slots // b, 1)) * b  # A ring of whole blocks.
+    cache = {
+      "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], written["k"], slot, axis=2),
+      "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], written["v"], slot, axis=2),
+      "valid": jax.lax.dynamic_update_slice_in_dim(cache["valid"], jnp.ones(b, bool), slot, 0),
+    }
+  if plan.cache == "exact" and denoiser.shift_id is not None and b == 1:
+    calls = jnp.int32(1)  # The block's own calls read the one call's logits.
+  return tokens, cache, calls + extra_calls, writes, broken, trajectory
+
+
+def _ended(plan: _Plan, tokens, given, end):
+  """[B] bool: the row holds an EOS it generated before position `end`."""
+  columns = jnp.arange(tokens.shape[1])
+  return ((tokens == plan.eos_id) & ~given & (columns < end)).any(-1)
+
+
+def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
+  tokens, given = _initial(plan, prompt, prompt_mask)
+  cache = None
+  if plan.cache == "exact":
+    cache = denoiser.cache_layout.empty(plan.rows, plan.slots)
+  zero = jnp.int32(0)
+  if plan.num_blocks == 1:
+    tokens, _, nfe, writes, broken, trajectory = _block(
+      plan, key, denoiser, tokens, given, cache, zero
+    )
+    blocks = jnp.int32(1)
+  else:
+
+    def more(carry):
+      block, tokens = carry[0], carry[1]
+      going = block < plan.num_blocks
+      if plan.eos_id is not None:
+        going &= ~_ended(plan, tokens, given, block * plan.block_size).all()
+      return going
+
+    def one_block(carry):
+      block, tokens, cache, nfe, writes, broken = carry
+      tokens, cache, calls, wrote, new_broken, _ = _block(
+        plan, key, denoiser, tokens, given, cache, block
+      )
+      broken = jnp.where((broken < 0) & (new_broken >= 0), nfe + new_broken, broken)
+      return block + 1, tokens, cache, nfe + calls, writes + wrote, broken
+
+    carry = (zero, tokens, cache, zero, zero, jnp.int32(-1))
+    blocks, tokens, _, nfe, writes, broken = jax.lax.while_loop(more, one_block, carry)
+    trajectory = None
+  tokens = tokens[:, : plan.length]
+  info = {"nfe": nfe, "nonfinite_call": broken, "num_blocks": blocks, "cache_writes": writes}
+  if plan.eos_id is not None:  # Tokens after a row's first generated EOS are EOS.
+    is_eos = (tokens == plan.eos_id) & ~given[:, : plan.length]
+    lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, plan.length)
+    tokens = jnp.where(jnp.arange(plan.length) >= lengths[:, None], plan.eos_id, tokens)
+    info["lengths"] = lengths.astype(jnp.int32)
+  if trajectory is not None:
+    info["trajectory"] = trajectory
+  return tokens, info
+
+
+# A Denoiser's program: its params are arguments, so one program serves every param tree of a
+# shape. A plain function's own programs live as long as the function (a closure over params
+# keeps them as constants of its programs), in _PLAIN_PROGRAMS, which holds it weakly.
+_decode_jit = jax.jit(_decode, static_argnums=0)
+_PLAIN_PROGRAMS = weakref.WeakKeyDictionary()
+
+
+def _decode_plain(reference, plan: _Plan, key, prompt, prompt_mask):
+  """_decode of the plain function `reference` (a weakref, alive while its program is used)."""
+  return _decode(plan, key, as_denoiser(reference()), prompt, prompt_mask)
+
+
+def _program(plan: _Plan, denoise_fn):
+  """decode(key, denoiser, prompt, prompt_mask), jitted for this plan and denoiser."""
+  try:
+    hash(plan)
+    reference = None if isinstance(denoise_fn, Denoiser) else weakref.ref(denoise_fn)
+  except TypeError:  # An unhashable setting (a learned schedule's exponents), or a function that
+    return jax.jit(functools.partial(_decode, plan))  # cannot be held weakly: this call's own.
+  if reference is None:
+    return functools.partial(_decode_jit, plan)
+  program = _PLAIN_PROGRAMS.get(denoise_fn)
+  if program is None:
+    program = jax.jit(functools.partial(_decode_plain, reference), static_argnums=0)
+    _PLAIN_PROGRAMS[denoise_fn] = program
+  return lambda key, denoiser, prompt, prompt_mask: program(plan, key, prompt, prompt_mask)
+
+
+def _check_prompt_shape(prompt, prompt_mask, batch_size: int, length: int):
+  """prompt and prompt_mask are [P] or [1 or B, P], P <= length, of one width."""
+  for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
+    if given is None:
+      continue
+    message = f"sample: {name} must be [P] or [batch_size, P] with P <= length {length}"
+    chex.assert_rank(given, {1, 2}, custom_message=message)
+    chex.assert_axis_dimension_lteq(given, -1, length, custom_message=message)
+    if jnp.ndim(given) == 2:
+      chex.assert_axis_dimension_lteq(given, 0, batch_size, custom_message=message)
+  if prompt_mask is not None:
+    chex.assert_axis_dimension(
+      prompt_mask,
+      -1,
+      jnp.shape(prompt)[-1],
+      custom_message="sample: prompt_mask must have the prompt's width",
+    )
+
+
+def _check_prompt(prompt, prompt_mask, mask_id: int):
+  """Given positions must hold clean ids (checked when the prompt is concrete)."""
+  ids = np.asarray(prompt)
+  given = ids != mask_id if prompt_mask is None else np.asarray(prompt_mask, bool)
+  given = np.broadcast_to(given, np.broadcast_shapes(given.shape, ids.shape))
+  ids = np.broadcast_to(ids, given.shape)
+  if np.any((ids < 0) | (ids > mask_id)):
+    raise ValueError(
+      f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
+      f"position to fill), got ids from {ids.min()} to {ids.max()}."
+    )
+  if np.any(given & (ids == mask_id)):
+    raise ValueError(
+      "sample: prompt_mask marks a position whose prompt id is the mask id; a given "
+      "position must hold a clean token."
+    )
+
+
+def _check_cache(cache: str, denoiser: Denoiser, block_size: int, plan_window: int, padded: int):
+  """The cache strategy serves this denoiser (the module docstring)."""
+  if cache not in CACHES:
+    raise ValueError(f"sample: Unknown cache {cache!r}; valid: {', '.join(CACHES)}.")
+  if cache == "none":
+    if denoiser.shift_id is not None and plan_window < padded:
+      raise ValueError(
+        "sample: a shifted denoiser reads the token before each window's first position; past "
+        "the context, decode it with cache='exact'."
+      )
+    return
+  layout = denoiser.cache_layout
+  if layout is None:
+    raise ValueError(
+      f"sample: cache={cache!r} caches a network's keys and values; give a Denoiser of a "
+      "network without per-row inputs (md4jax.Denoiser.of_network), not a plain function."
+    )
+  if cache == "exact":
+    if layout.block_size and layout.block_size != block_size:
+      raise ValueError(
+        f"sample: cache='exact': the network reads blocks of {layout.block_size} tokens; "
+        f"block_size is {block_size}."
+      )
+    if not (layout.block_size or layout.causal):
+      raise ValueError(
+        "sample: cache='exact' needs a network whose blocks never read later ones (block-causal "
+        "or causal); a bidirectional one takes cache='prefix' or 'dual' (approximate) or 'none'."
+      )
+    return
+  network = denoiser.network
+  if layout.block_size or layout.causal or network.time_conditioning != "none":
+    raise ValueError(
+      f"sample: cache={cache!r} (approximate caching) is for a time-free bidirectional masked "
+      f"diffusion network; this one has block_size={layout.block_size}, causal={layout.causal}, "
+      f"time_conditioning={network.time_conditioning!r}."
+    )
+  if denoiser.shift_id is not None:
+    raise ValueError(f"sample: cache={cache!r} serves an unshifted denoiser; use 'none'.")
+  if plan_window < padded:
+    raise ValueError(
+      f"sample: cache={cache!r} decodes within the context: context_length {plan_window} is "
+      f"shorter than the {padded} positions sampled."
+    )
+
+
+def sample(
+  key: Array,
+  denoise_fn,
+  *,
+  batch_size: int,
+  length: int,
+  schedule,
+  mask_id: int,
+  method: str = "ancestral",
+  num_steps: Optional[int] = None,
+  temperature: float = 1.0,
+  top_k: Optional[int] = None,
+  top_p: Optional[float] = None,
+  prompt: Optional[Array] = None,
+  prompt_mask: Optional[Array] = None,
+  block_size: Optional[int] = None,
+  cache: str = "none",
+  context_length: Optional[int] = None,
+  eos_id: Optional[int] = None,
+  time_grid_kind: str = "uniform",
+  confidence: str = "max_prob",
+  threshold: Optional[float] = None,
+  noise: str = "float64",
+  remask: str = "cap",
+  remask_eta: float = 0.0,
+  remask_loop: int = 0,
+  remask_loop_alpha: float = 0.9,
+  guidance_scale: float = 0.0,
+  record_trajectory: bool = False,
+  trajectory_top_k: int = 5,
+):
+  """Generates [B, length] int32 tokens from all-mask, block after block (the module docstring).
+
+  Args:
+    denoise_fn: a `Denoiser` (params as pytree leaves: compiled once per shape), or any
+      callable denoise_fn(z [B, L], alpha [B]) -> logits [B, L, V] (V = mask_id), compiled
+      once per callable object. cache "exact", "prefix" and "dual" need a network's Denoiser.
+    prompt, prompt_mask: tokens [P] or [B, P] (P <= length) and where they are given (default:
+      wherever prompt != mask_id); those positions never change (infilling when scattered).
+    block_size: tokens per block (default: length, one block); the last block may run past
+      length and is cut.
+    cache: "none", "exact", "prefix" or "dual" (the module docstring).
+    context_length: positions a call may read: cache "none"'s window, "exact"'s cache plus the
+      block (a multiple of block_size); default: the whole sample.
+    eos_id: generation stops once every row generated an EOS (after its prompt); tokens after
+      a row's first EOS become EOS, and info["lengths"] [B] counts each row up to it.
+    num_steps: steps of the time grid of each block; ignored by first_hitting and threshold.
+    threshold: method="threshold" only: reveal every masked position whose top probability is
+      >= threshold (in [0, 1]; 0 reveals everything in one call).
+    noise: "float64" (accurate tails, default) or "float32" (for comparison only).
+    remask, remask_eta, remask_loop, remask_loop_alpha: method="remdm" only: the strategy of
+      σ_t ("cap": min(η, σ_max), "rescale": η σ_max, "confidence": σ_max shared by the visible
+      tokens, the least confident first; η unused), and ReMDM-loop's extra steps at the fixed
+      α the grid first reaches above remask_loop_alpha (then only they remask).
+    guidance_scale: w of classifier-free guidance (any method, any cache): each call mixes the
+      denoiser's log-probs as (1 + w) cond − w uncond, uncond with the prompt masked (one call
+      on the doubled batch; the caches keep both halves); 0 is the conditional model, bit for
+      bit. Needs a prompt.
+    record_trajectory: one block only: also return info["trajectory"]: "tokens" [S + 1, B, L]
+      (the state before the first step and after each step), the denoiser's "top_ids" /
+      "top_probs" [S, B, L, K] and "alphas" [S, B] at each step (the times t for a
+      state-dependent schedule), S = max_calls(method, length, num_steps, remask_loop) (steps
+      past info["nfe"] repeat the end).
+
+  Returns:
+    (tokens [B, length] int32, info): info["nfe"] the network calls that sample (a block's
+    calls, each at most `max_calls`, and prefix/dual's refreshes), info["cache_writes"] the
+    exact cache's extra calls, info["cache_bytes"], info["num_blocks"] sampled, and
+    info["nonfinite_call"] the index of the first call whose logits at a masked position were
+    broken (−1: none). Called with concrete arrays it raises NonFiniteLogitsError for those;
+    inside a caller's jit, check the info with `check_logits`.
+  """
+  denoiser = as_denoiser(denoise_fn)
+  settings = samplers.Settings(
+    schedule=schedule,
+    mask_id=mask_id,
+    method=method,
+    num_steps=num_steps,
+    temperature=float(temperature),
+    top_k=top_k,
+    top_p=top_p,
+    time_grid_kind=time_grid_kind,
+    confidence=confidence,
+    threshold=threshold,
+    noise=noise,
+    remask=remask,
+    remask_eta=float(remask_eta),
+    remask_loop=remask_loop,
+    remask_loop_alpha=float(remask_loop_alpha),
+    record_trajectory=record_trajectory,
+    trajectory_top_k=trajectory_top_k,
+  )
+  block_size = length if block_size is None else block_size
+  if not (length >= 1 and isinstance(block_size, int) and block_size >= 1):
+    raise ValueError(f"sample: need length >= 1 and block_size >= 1, got {length}, {block_size}.")
+  num_blocks = math.ceil(length / block_size)
+  padded = num_blocks * block_size
+  if context_length is not None and (context_length < block_size or context_length % block_size):
+    raise ValueError(
+      f"sample: context_length must be a multiple of block_size {block_size}, got {context_length}."
+    )
+  window = padded if context_length is None else min(context_length, padded)
+  _check_cache(cache, denoiser, block_size, window, padded)
+  samplers.check_settings(
+    schedule=schedule,
+    method=method,
+    num_steps=num_steps,
+    threshold=threshold,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    noise=noise,
+    time_grid_kind=time_grid_kind,
+    confidence=confidence,
+    remask=remask,
+    remask_eta=remask_eta,
+    remask_loop=remask_loop,
+    remask_loop_alpha=remask_loop_alpha,
+    guidance_scale=guidance_scale,
+    has_prompt=prompt is not None,
+  )
+  if cache != "none" and guidance_scale and denoiser.shift_id is not None:
+    raise ValueError("sample: guidance of a shifted denoiser takes cache='none'.")
+  if record_trajectory and num_blocks > 1:
+    raise ValueError("sample: record_trajectory records one block; leave block_size unset.")
+  if eos_id is not None and not 0 <= eos_id < mask_id:
+    raise ValueError(f"sample: eos_id must be a token id in [0, {mask_id}), got {eos_id}.")
+  if prompt is not None:
+    _check_prompt_shape(prompt, prompt_mask, batch_size, length)
+  slots = 0
+  if cache == "exact":
+    slots = (padded if context_length is None else context_length) - block_size
+  plan = _Plan(
+    settings=settings,
+    batch_size=batch_size,
+    length=length,
+    block_size=block_size,
+    num_blocks=num_blocks,
+    window=window,
+    cache=cache,
+    slots=slots,
+    guidance=float(guidance_scale),
+    eos_id=eos_id,
+  )
+  concrete = not any(
+    isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask))
+  )
+  if prompt is not None and concrete:
+    _check_prompt(prompt, prompt_mask, mask_id)
+  tokens, info = _program(plan, denoise_fn)(key, denoiser, prompt, prompt_mask)
+  info["cache_bytes"] = _cache_bytes(plan, denoiser)
+  if not isinstance(info["nfe"], jax.core.Tracer):
+    samplers.check_logits(info, method)
+  return tokens, info
+
+
+def _cache_bytes(plan: _Plan, denoiser: Denoiser) -> int:
+  """Bytes of the keys and values a strategy keeps: the exact cache's slots, or every position
+  (prefix, dual)."""
+  if plan.cache == "none":
+    return 0
+  slots = plan.slots if plan.cache == "exact" else plan.padded
+  return denoiser.cache_layout.bytes(plan.rows, slots)
+
+
+def cache_bytes(
+  denoiser: Denoiser, *, batch_size: int, context_length: int, block_size: int, guided: bool = False
+) -> int:
+  """Bytes of the exact cache `sample` keeps for these settings (keys and values of every layer
+  at num_kv_heads; twice the rows under guidance)."""
+  rows = 2 * batch_size if guided else batch_size
+  return denoiser.cache_layout.bytes(rows, context_length - block_size)

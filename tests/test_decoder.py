@@ -1,0 +1,168 @@
+"""The block decoder's contract: a Denoiser's params travel as arguments (one compile for any
+number of fresh param trees, none kept alive), AR decoding is b = 1 with the exact cache, grouped
+key/value heads are cached once each, and EOS ends a row."""
+
+import functools
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import md4jax
+from md4jax.diffusion import groundtruth, schedules
+from md4jax.diffusion.denoiser import Denoiser
+from md4jax.model.transformer import Transformer
+from md4jax.sampling import decoder
+
+VOCAB = 6
+MASK_ID = VOCAB
+LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # One per program jit builds.
+
+
+def _network(**kwargs):
+  model = Transformer(
+    vocab_size=VOCAB, num_layers=2, model_dim=32, num_heads=4, mlp_dim=64, **kwargs
+  )
+  return model, lambda seed: model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 8), jnp.int32))[
+    "params"
+  ]
+
+
+class _Lowerings:
+  """Counts the programs jax lowers while it is open (jax.monitoring's compile events)."""
+
+  def __enter__(self):
+    self.count, self.open = 0, True
+
+    def listen(event, duration, **kwargs):
+      del duration, kwargs
+      if self.open and event == LOWERING:
+        self.count += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    return self
+
+  def __exit__(self, *exc_info):
+    self.open = False  # jax.monitoring keeps its listeners; this one stops counting.
+
+
+def _apply(model, params, z, alpha):
+  return model.apply({"params": params}, z, alpha)
+
+
+def _sample(denoise_fn, key=0, **kwargs):
+  common = dict(
+    batch_size=3,
+    length=8,
+    schedule=schedules.get_schedule("linear"),
+    mask_id=MASK_ID,
+    method="ancestral",
+    num_steps=4,
+  )
+  return md4jax.sample(jax.random.PRNGKey(key), denoise_fn, **{**common, **kwargs})
+
+
+def test_fresh_params_of_one_shape_compile_once():
+  model, init = _network()
+  param_trees = [init(seed) for seed in range(10)]
+  jax.block_until_ready(param_trees)
+  with _Lowerings() as lowered:
+    samples = [_sample(Denoiser.of_network(model, params))[0] for params in param_trees]
+  assert lowered.count == 1
+  assert len({np.asarray(s).tobytes() for s in samples}) > 1  # The params did change the draws.
+  # A new closure over each tree is a new program each time: what a Denoiser avoids.
+  with _Lowerings() as lowered:
+    for params in param_trees[:3]:
+      _sample(lambda z, a, params=params: model.apply({"params": params}, z, a))
+  assert lowered.count == 3
+
+
+def test_the_compiled_program_keeps_no_params_alive():
+  model, init = _network()
+  params = init(0)
+  leaf = weakref.ref(jax.tree.leaves(params)[0])
+  _sample(Denoiser.of_network(model, params))
+  del params
+  gc.collect()
+  assert leaf() is None
+  # A closure's programs (its params baked in) live as long as the closure, no longer.
+  params, programs = init(1), len(decoder._PLAIN_PROGRAMS)  # pylint: disable=protected-access
+  leaf = weakref.ref(jax.tree.leaves(params)[0])
+  closure = functools.partial(_apply, model, params)
+  with _Lowerings() as lowered:
+    _sample(closure), _sample(closure, key=1)
+  assert lowered.count == 1  # The same closure: compiled once.
+  del closure, params
+  gc.collect()
+  assert leaf() is None and len(decoder._PLAIN_PROGRAMS) == programs  # pylint: disable=protected-access
+
+
+def test_a_jitted_caller_compiles_once_with_the_denoiser_as_an_argument():
+  model, init = _network()
+  run = jax.jit(lambda key, denoiser: _sample(denoiser, key=0, length=8)[0])
+  run(0, Denoiser.of_network(model, init(0)))
+  with _Lowerings() as lowered:
+    for seed in range(1, 4):
+      run(0, Denoiser.of_network(model, init(seed)))
+  assert lowered.count == 0
+
+
+def test_ar_decoding_is_one_token_blocks_with_the_exact_cache():
+  # A causal network read shifted ([BOS, x_0, ...]) predicts each token from the ones before it.
+  model, init = _network(causal=True)
+  ar = Denoiser.of_network(model, jax.tree.map(lambda p: 3 * p, init(0)), shift_id=MASK_ID)
+  common = dict(method="first_hitting", block_size=1, length=8, batch_size=16)
+  cached, info = _sample(ar, cache="exact", **common)
+  rerun, rerun_info = _sample(ar, cache="none", **common)
+  np.testing.assert_array_equal(np.asarray(cached), np.asarray(rerun))
+  assert int(info["nfe"]) == 8 and int(info["cache_writes"]) == 0  # One call a token.
+  assert len({tuple(row) for row in np.asarray(cached)}) > 1
+  greedy, _ = _sample(ar, cache="exact", **common, temperature=0.0, prompt=jnp.asarray([2]))
+  logits = ar(greedy, None)
+  np.testing.assert_array_equal(np.asarray(greedy)[:, 1:], np.argmax(logits, -1)[:, 1:])
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_the_cache_holds_each_key_value_head_once(num_kv_heads):
+  model, init = _network(block_size=4, num_kv_heads=num_kv_heads)
+  denoiser = Denoiser.of_network(model, init(0))
+  tokens, info = _sample(denoiser, block_size=4, cache="exact", length=16, context_length=12)
+  head_dim, slots = 32 // 4, 12 - 4
+  assert info["cache_bytes"] == 2 * 2 * 3 * slots * num_kv_heads * head_dim * 4
+  assert info["cache_bytes"] == decoder.cache_bytes(
+    denoiser, batch_size=3, context_length=12, block_size=4
+  )
+  window, _ = _sample(
+    lambda z, a: model.apply({"params": init(0)}, z, a), block_size=4, length=16, context_length=12
+  )
+  np.testing.assert_array_equal(np.asarray(tokens)[:, :12], np.asarray(window)[:, :12])
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_eos_ends_each_row_and_the_rest_is_eos(block_size):
+  language = groundtruth.MarkovLanguage(VOCAB, seed=1)
+  tokens, info = _sample(
+    language.denoise_fn(MASK_ID), eos_id=0, block_size=block_size, length=16, batch_size=64
+  )
+  tokens, lengths = np.asarray(tokens), np.asarray(info["lengths"])
+  ended = lengths < 16
+  assert ended.any() and not ended.all()
+  for row, length in zip(tokens, lengths):
+    assert 0 not in row[: length - 1] and np.all(row[length:] == 0)
+    assert length == 16 or row[length - 1] == 0
+
+
+def test_caches_refuse_what_they_cannot_serve():
+  language = groundtruth.MarkovLanguage(VOCAB, seed=1)
+  with pytest.raises(ValueError, match="caches a network's keys and values"):
+    _sample(language.denoise_fn(MASK_ID), cache="exact", block_size=4)
+  model, init = _network()
+  with pytest.raises(ValueError, match="needs a network whose blocks never read later ones"):
+    _sample(Denoiser.of_network(model, init(0)), cache="exact", block_size=4)
+  with pytest.raises(ValueError, match="record_trajectory records one block"):
+    _sample(language.denoise_fn(MASK_ID), block_size=4, record_trajectory=True)
+  with pytest.raises(ValueError, match="eos_id must be a token id"):
+    _sample(language.denoise_fn(MASK_ID), eos_id=MASK_ID)
