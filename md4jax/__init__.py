@@ -13,7 +13,8 @@ from md4jax.diffusion.groundtruth import MarkovLanguage
 from md4jax.diffusion.masking import corrupt
 from md4jax.diffusion.schedules import get_schedule
 from md4jax.model.transformer import Transformer
-from md4jax.sampling.decoder import CACHES, sample
+from md4jax.sampling.arguments import CACHES
+from md4jax.sampling.decoder import sample
 from md4jax.sampling.samplers import METHODS as SAMPLERS
 from md4jax.sampling.samplers import NonFiniteLogitsError, check_logits, max_calls
 

@@ -49,6 +49,7 @@ DENOISER_GENERIC = {
   "sampling.remasking",
   "sampling.categorical",
   "sampling.decoder",
+  "sampling.arguments",
   "sampling.trajectory",
 }
 

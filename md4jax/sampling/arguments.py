@@ -1,0 +1,133 @@
+"""The block decoder's argument checks (`md4jax.sample`): the blocks and their context, the cache
+strategy against the denoiser it is asked to serve, and the prompt. Each raises ValueError (a
+shape: chex's AssertionError) naming the argument; the sampler settings are
+`samplers.check_settings`'."""
+
+import math
+from typing import Optional
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+
+from md4jax.diffusion.denoiser import Denoiser
+
+CACHES = ("none", "exact", "prefix", "dual")
+
+
+def check_blocks(
+  length: int, block_size: Optional[int], context_length: Optional[int]
+) -> tuple[int, int, int]:
+  """(block_size, num_blocks, window): blocks of block_size (default: length, one block) and the
+  positions a call of cache "none" reads (context_length, at most the padded sample)."""
+  block_size = length if block_size is None else block_size
+  if not (length >= 1 and isinstance(block_size, int) and block_size >= 1):
+    raise ValueError(f"sample: need length >= 1 and block_size >= 1, got {length}, {block_size}.")
+  num_blocks = math.ceil(length / block_size)
+  padded = num_blocks * block_size
+  if context_length is not None and (context_length < block_size or context_length % block_size):
+    raise ValueError(
+      f"sample: context_length must be a multiple of block_size {block_size}, got {context_length}."
+    )
+  return block_size, num_blocks, padded if context_length is None else min(context_length, padded)
+
+
+def check_decoding(
+  denoiser: Denoiser,
+  *,
+  cache: str,
+  guidance_scale: float,
+  record_trajectory: bool,
+  num_blocks: int,
+  eos_id: Optional[int],
+  mask_id: int,
+):
+  """What the decoder takes besides the blocks: guidance, the trajectory, EOS."""
+  if cache != "none" and guidance_scale and denoiser.shift_id is not None:
+    raise ValueError("sample: guidance of a shifted denoiser takes cache='none'.")
+  if record_trajectory and num_blocks > 1:
+    raise ValueError("sample: record_trajectory records one block; leave block_size unset.")
+  if eos_id is not None and not 0 <= eos_id < mask_id:
+    raise ValueError(f"sample: eos_id must be a token id in [0, {mask_id}), got {eos_id}.")
+
+
+def check_prompt_shape(prompt, prompt_mask, batch_size: int, length: int):
+  """prompt and prompt_mask are [P] or [1 or B, P], P <= length, of one width."""
+  for name, given in (("prompt", prompt), ("prompt_mask", prompt_mask)):
+    if given is None:
+      continue
+    message = f"sample: {name} must be [P] or [batch_size, P] with P <= length {length}"
+    chex.assert_rank(given, {1, 2}, custom_message=message)
+    chex.assert_axis_dimension_lteq(given, -1, length, custom_message=message)
+    if jnp.ndim(given) == 2:
+      chex.assert_axis_dimension_lteq(given, 0, batch_size, custom_message=message)
+  if prompt_mask is not None:
+    chex.assert_axis_dimension(
+      prompt_mask,
+      -1,
+      jnp.shape(prompt)[-1],
+      custom_message="sample: prompt_mask must have the prompt's width",
+    )
+
+
+def check_prompt(prompt, prompt_mask, mask_id: int):
+  """Given positions must hold clean ids (checked when the prompt is concrete)."""
+  ids = np.asarray(prompt)
+  given = ids != mask_id if prompt_mask is None else np.asarray(prompt_mask, bool)
+  given = np.broadcast_to(given, np.broadcast_shapes(given.shape, ids.shape))
+  ids = np.broadcast_to(ids, given.shape)
+  if np.any((ids < 0) | (ids > mask_id)):
+    raise ValueError(
+      f"sample: prompt ids must be in [0, {mask_id}] (the mask id {mask_id} marks a "
+      f"position to fill), got ids from {ids.min()} to {ids.max()}."
+    )
+  if np.any(given & (ids == mask_id)):
+    raise ValueError(
+      "sample: prompt_mask marks a position whose prompt id is the mask id; a given "
+      "position must hold a clean token."
+    )
+
+
+def check_cache(cache: str, denoiser: Denoiser, block_size: int, plan_window: int, padded: int):
+  """The cache strategy serves this denoiser (the module docstring)."""
+  if cache not in CACHES:
+    raise ValueError(f"sample: Unknown cache {cache!r}; valid: {', '.join(CACHES)}.")
+  if cache == "none":
+    if denoiser.shift_id is not None and plan_window < padded:
+      raise ValueError(
+        "sample: a shifted denoiser reads the token before each window's first position; past "
+        "the context, decode it with cache='exact'."
+      )
+    return
+  layout = denoiser.cache_layout
+  if layout is None:
+    raise ValueError(
+      f"sample: cache={cache!r} caches a network's keys and values; give a Denoiser of a "
+      "network without per-row inputs (md4jax.Denoiser.of_network), not a plain function."
+    )
+  if cache == "exact":
+    if layout.block_size and layout.block_size != block_size:
+      raise ValueError(
+        f"sample: cache='exact': the network reads blocks of {layout.block_size} tokens; "
+        f"block_size is {block_size}."
+      )
+    if not (layout.block_size or layout.causal):
+      raise ValueError(
+        "sample: cache='exact' needs a network whose blocks never read later ones (block-causal "
+        "or causal); a bidirectional one takes cache='prefix' or 'dual' (approximate) or 'none'."
+      )
+    return
+  network = denoiser.network
+  if layout.block_size or layout.causal or network.time_conditioning != "none":
+    raise ValueError(
+      f"sample: cache={cache!r} (approximate caching) is for a time-free bidirectional masked "
+      f"diffusion network; this one has block_size={layout.block_size}, causal={layout.causal}, "
+      f"time_conditioning={network.time_conditioning!r}."
+    )
+  if denoiser.shift_id is not None:
+    raise ValueError(f"sample: cache={cache!r} serves an unshifted denoiser; use 'none'.")
+  if plan_window < padded:
+    raise ValueError(
+      f"sample: cache={cache!r} decodes within the context: context_length {plan_window} is "
+      f"shorter than the {padded} positions sampled."
+    )
