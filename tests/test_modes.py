@@ -76,8 +76,11 @@ def test_train_conditional_end_to_end_in_process(tmp_path):
     )
   config = load_config("tiny")
   config.data.dataset, config.data.path = "conditional", str(tmp_path / "data")
-  config.data.tokenizer, config.data.vocab_size = "byte", 257  # 256 bytes and EOS.
+  config.data.tokenizer, config.data.vocab_size = "byte", 0  # 0: the tokenizer's size.
   results = modes.train_and_evaluate(config, tmp_path / "work")
+  # The run took the tokenizer's 257 ids (256 bytes and EOS) and recorded them.
+  written = json.loads((tmp_path / "work" / "config.json").read_text())
+  assert written["data"]["vocab_size"] == 257
   saved = json.loads((tmp_path / "work" / "eval.json").read_text())
   assert saved["nelbo_bits_per_token"] == pytest.approx(results["nelbo_bits_per_token"])
   # Scored tokens: each validation response and its EOS, never a prompt.
