@@ -128,8 +128,8 @@ def time_blocks(model, params, context: int, schedule) -> list:
           "seconds": seconds,
           "tokens_per_second": _BATCH_SIZE.value * total / seconds,
           "sampling_calls": nfe / _REPEATS.value,
-          "cache_writes": info.get("cache_writes", 0),
-          "cache_bytes": info.get("cache_bytes", 0),
+          "cache_writes": int(info["cache_writes"]),
+          "cache_bytes": int(info["cache_bytes"]),
         }
       row["cache_speedup"] = row["window"]["seconds"] / row["cached"]["seconds"]
       results.append(row)
