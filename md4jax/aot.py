@@ -36,6 +36,7 @@ from jax.experimental import topologies
 from ml_collections import config_flags
 
 from md4jax import config as config_lib
+from md4jax import user_errors
 from md4jax.data import sources
 from md4jax.evaluation import evaluate
 from md4jax.model import transformer as model_lib
@@ -233,6 +234,11 @@ def analyze(config, topology: str) -> dict:
   specs = chip_specs(devices)
   mesh = sharding.make_mesh(config, devices)
   config_lib.validate_config(config, len(devices), "tpu")
+  if not config.data.vocab_size:
+    raise ValueError(
+      "data.vocab_size=0 takes the tokenizer's size, which only a run reads: give it for the "
+      "ahead-of-time check (--config.data.vocab_size=N)."
+    )
   model = state_lib.build_model(config)
   seq_len = config.data.seq_len
   model_flops = model_flops_per_step(config, model)
@@ -306,7 +312,9 @@ def main(argv):
   # libtpu takes a machine-wide lock when it loads; compiling for a described topology opens no
   # TPU, so several of these (or one beside a test run) may share the machine.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  print(json.dumps(analyze(_CONFIG.value, _TOPOLOGY.value), indent=2))
+  with user_errors.in_one_line("md4jax.aot", (ValueError,), flags.FLAGS["verbosity"].present):
+    report = analyze(_CONFIG.value, _TOPOLOGY.value)
+  print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -66,3 +66,26 @@ def test_block_diffusion_counts_its_two_stream_forward():
   assert block["fits"] and 1.0 < block["flops_ratio"] < 1.2 and 1.0 < plain["flops_ratio"] < 1.2
   assert 2 < block["model_flops_per_step"] / plain["model_flops_per_step"] < 2.5
   assert 0 < block["sampler_step"]["bytes_per_chip"] < plain["sampler_step"]["bytes_per_chip"]
+
+
+def test_a_vocabulary_left_to_the_tokenizer_is_refused_in_one_line():
+  # data.vocab_size=0 (localtext's) is the tokenizer's size, which only a run reads.
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "md4jax.aot",
+      "--config=localtext",
+      "--config.data.path=corpus.txt",
+      "--topology=v5e:2x2",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  # The last line (libtpu warns on stderr first, about the TPU it does not find here).
+  assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+    "md4jax.aot: error: data.vocab_size=0 takes the tokenizer's size, which only a run reads: give "
+    "it for the ahead-of-time check (--config.data.vocab_size=N)."
+  ), result.stderr[-2000:]

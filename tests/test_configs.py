@@ -515,3 +515,20 @@ def test_md4_preset_owns_its_keys():
   config.model.type = "ar"
   with pytest.raises(ValueError, match=r"model.preset='md4' is a diffusion denoiser"):
     config_lib.expand_preset(config)
+
+
+def test_a_config_path_that_names_no_file_is_an_error_not_a_shipped_config():
+  assert config_lib.config_path("configs/default.py:bd3").endswith("md4jax/configs/default.py:bd3")
+  assert config_lib.config_path("default") == str(config_lib.CONFIG_DIR / "default.py")
+  with pytest.raises(ValueError, match=r"no file '/elsewhere/experiments/default.py' \(md4jax"):
+    config_lib.config_path("/elsewhere/experiments/default.py:bd3")
+
+
+def test_a_preset_expands_again_after_a_width_changes():
+  """The preset's own values were set by no one: a wider model takes the preset's new widths."""
+  config = load("text8")
+  config.model.preset = "md4"
+  expanded = config_lib.expand_preset(config)
+  expanded.model.num_heads = 16
+  again = config_lib.expand_preset(expanded)
+  assert (again.model.time_dim, again.model.embed_dim) == (48, 48)

@@ -49,6 +49,16 @@ class _Lowerings:
     self.open = False  # jax.monitoring keeps its listeners; this one stops counting.
 
 
+class _Holder:
+  """A denoiser as an object's method."""
+
+  def __init__(self, denoiser):
+    self.denoiser = denoiser
+
+  def denoise(self, z, alpha):
+    return self.denoiser(z, alpha)
+
+
 def _apply(model, params, z, alpha):
   return model.apply({"params": params}, z, alpha)
 
@@ -73,6 +83,12 @@ def test_fresh_params_of_one_shape_compile_once():
     samples = [_sample(Denoiser.of_network(model, params))[0] for params in param_trees]
   assert lowered.count == 1
   assert len({np.asarray(s).tobytes() for s in samples}) > 1  # The params did change the draws.
+  # A bound method is made anew at each access, yet it is one function: one program.
+  holder = _Holder(Denoiser.of_network(model, param_trees[0]))
+  with _Lowerings() as lowered:
+    for key in range(3):
+      _sample(holder.denoise, key=key)
+  assert lowered.count == 1
   # A new closure over each tree is a new program each time: what a Denoiser avoids.
   with _Lowerings() as lowered:
     for params in param_trees[:3]:
@@ -144,14 +160,21 @@ def test_the_cache_holds_each_key_value_head_once(num_kv_heads):
 @pytest.mark.parametrize("block_size", [None, 4])
 def test_eos_ends_each_row_and_the_rest_is_eos(block_size):
   language = groundtruth.MarkovLanguage(VOCAB, seed=1)
+  # The last position is given (infilling): EOS fills what was generated, never a given token.
+  prompt = jnp.full((16,), MASK_ID, jnp.int32).at[15].set(3)
   tokens, info = _sample(
-    language.denoise_fn(MASK_ID), eos_id=0, block_size=block_size, length=16, batch_size=64
+    language.denoise_fn(MASK_ID),
+    eos_id=0,
+    block_size=block_size,
+    length=16,
+    batch_size=64,
+    prompt=prompt,
   )
   tokens, lengths = np.asarray(tokens), np.asarray(info["lengths"])
   ended = lengths < 16
   assert ended.any() and not ended.all()
   for row, length in zip(tokens, lengths):
-    assert 0 not in row[: length - 1] and np.all(row[length:] == 0)
+    assert 0 not in row[: length - 1] and np.all(row[length:15] == 0) and row[15] == 3
     assert length == 16 or row[length - 1] == 0
 
 
@@ -166,3 +189,10 @@ def test_caches_refuse_what_they_cannot_serve():
     _sample(language.denoise_fn(MASK_ID), block_size=4, record_trajectory=True)
   with pytest.raises(ValueError, match="eos_id must be a token id"):
     _sample(language.denoise_fn(MASK_ID), eos_id=MASK_ID)
+  with pytest.raises(ValueError, match="prompt has 2 rows; give 1 or batch_size=3"):
+    _sample(language.denoise_fn(MASK_ID), prompt=jnp.zeros((2, 4), jnp.int32))
+  # NumPy integers count as integers.
+  tokens, info = _sample(
+    language.denoise_fn(MASK_ID), num_steps=np.int64(4), block_size=np.int64(4)
+  )
+  assert tokens.shape == (3, 8) and int(info["num_blocks"]) == 2

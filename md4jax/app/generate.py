@@ -23,13 +23,15 @@ from md4jax.training import objective
 
 
 def settings(config: ml_collections.ConfigDict) -> dict:
-  """The sampler settings, as recorded next to every sample."""
+  """The sampler settings, as recorded next to every sample (an ar model decodes token by token:
+  the mdm methods' own settings are not its)."""
   cfg = config.sample
+  method = "ar" if config.model.type == "ar" else cfg.method
   return {
-    "method": "ar" if config.model.type == "ar" else cfg.method,
+    "method": method,
     "num_steps": cfg.num_steps,
     "temperature": cfg.temperature,
-    "threshold": cfg.threshold if cfg.method == "threshold" else None,
+    "threshold": cfg.threshold if method == "threshold" else None,
     **(
       {
         "remask": cfg.remask,
@@ -37,7 +39,7 @@ def settings(config: ml_collections.ConfigDict) -> dict:
         "remask_loop": cfg.remask_loop,
         "remask_loop_alpha": cfg.remask_loop_alpha,
       }
-      if cfg.method == "remdm"
+      if method == "remdm"
       else {}
     ),
     "guidance_scale": cfg.guidance_scale,

@@ -79,9 +79,9 @@ class Loaded:
 
   @property
   def language(self) -> Optional[groundtruth.MarkovLanguage]:
-    """The generated language whose law is known (data.dataset 'markov'), else None."""
+    """The generated language a workdir trained on (data.dataset 'markov'), else None."""
     data = self.config.data
-    if data.dataset != "markov":
+    if data.dataset != "markov" or self.step is None:  # A Hugging Face folder's data is text.
       return None
     return groundtruth.MarkovLanguage(
       data.vocab_size, seed=data.language_seed, concentration=data.concentration
@@ -170,8 +170,9 @@ def load(
       takes only the params (a judge, training.init_from).
 
   Raises LoadError (a ValueError) in one line naming the path and what is missing: a path that
-  does not exist, holds no config.json or one that does not read, a folder of a model type
-  md4jax does not read, or a workdir without a readable checkpoint.
+  does not exist, holds no config.json or one that does not read, or a folder of a model type
+  md4jax does not read; and CheckpointError (one line too) for a workdir without a readable
+  checkpoint (of `step`).
   """
   role = role or "path"
   where = f"{role}={str(path)!r}"  # What errors name.
@@ -181,7 +182,14 @@ def load(
   try:
     is_hf = hf_lib.is_hf_folder(folder)
     if is_hf:
+      if step is not None or params != "ema":
+        raise LoadError(
+          f"{where}: a Hugging Face folder holds one set of weights: no step or params."
+        )
       config, hf = hf_lib.folder_config(folder, model_type=model_type)
+      # Its context: the rows the harness and the samplers' windows take.
+      if hf.get("max_position_embeddings"):
+        config.data.seq_len = int(hf["max_position_embeddings"])
     else:
       config = config_lib.workdir_config(folder, role)
     for name, value in (overrides or {}).items():

@@ -26,14 +26,18 @@ def config_path(argument: str) -> str:
   "configs/NAME.py[:ARG]" (md4jax's own, wherever the command runs). ValueError in one line for
   anything else."""
   path, colon, arg = argument.partition(":")
-  if pathlib.Path(path).is_file():
+  given = pathlib.Path(path)
+  if given.is_file():
     return argument
-  name = pathlib.Path(path).stem if path.endswith(".py") else path
+  # A bare name, or configs/NAME.py as the commands in the docs write it; another missing path
+  # is an error, never a shipped config of the same name.
+  ours = given.suffix == ".py" and given.parent.name == "configs" and not given.parent.parent.name
+  name = given.stem if ours else path
   own = CONFIG_DIR / f"{name}.py"
   if not (name in config_names() and own.is_file()):
+    named = "" if ("/" in name or name.endswith(".py")) else f", and no md4jax config {name!r}"
     raise ValueError(
-      f"--config={argument!r}: no file {path!r}, and no md4jax config {name!r} (md4jax's: "
-      f"{', '.join(config_names())})."
+      f"--config={argument!r}: no file {path!r}{named} (md4jax's: {', '.join(config_names())})."
     )
   return f"{own}{colon}{arg}"
 

@@ -92,4 +92,7 @@ def expand_preset(
         "model key yourself.",
       )
     expanded.model[key] = value
+    written = dict(expanded.model.items(preserve_field_references=True))[key]
+    if hasattr(written, "was_set"):  # The preset's own value: nothing set it.
+      written.was_set = False
   return expanded

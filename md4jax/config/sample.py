@@ -60,6 +60,11 @@ def _validate_sample(config: ml_collections.ConfigDict):
   except ValueError as e:
     raise ValueError(f"Invalid config: {e}") from None
   check(
+    sample.guidance_scale == 0 or model.type == "mdm",
+    "sample.guidance_scale contrasts a masked diffusion model's prompt with the prompt masked; "
+    "an ar model decodes token by token (set it to 0).",
+  )
+  check(
     sample.method not in samplers.TIME_FREE_METHODS or model.time_conditioning == "none",
     f"sample.method={sample.method!r} reuses logits across steps, so it needs a "
     "time-free denoiser (model.time_conditioning='none'); use 'ancestral'.",

@@ -7,7 +7,7 @@ as the autoregressive baseline (`causal=True`).
 
 Each of MD4's architectural choices is an attribute of its own (init, norm and
 its eps, biases, gate, embedding width, time features and MLP, adaLN input
-activation, output init); `md4jax.config_lib`'s model.preset = "md4" sets them
+activation, output init); `md4jax.config`'s model.preset = "md4" sets them
 all (docs/md4_parity.md).
 
 Every param and the main activations carry logical axis names ("embed",

@@ -4,6 +4,7 @@ shape: chex's AssertionError) naming the argument; the sampler settings are
 `samplers.check_settings`'."""
 
 import math
+import numbers
 from typing import Optional
 
 import chex
@@ -21,8 +22,12 @@ def check_blocks(
   """(block_size, num_blocks, window): blocks of block_size (default: length, one block) and the
   positions a call of cache "none" reads (context_length, at most the padded sample)."""
   block_size = length if block_size is None else block_size
-  if not (length >= 1 and isinstance(block_size, int) and block_size >= 1):
+  integers = all(
+    isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (length, block_size)
+  )
+  if not (integers and length >= 1 and block_size >= 1):
     raise ValueError(f"sample: need length >= 1 and block_size >= 1, got {length}, {block_size}.")
+  length, block_size = int(length), int(block_size)
   num_blocks = math.ceil(length / block_size)
   padded = num_blocks * block_size
   if context_length is not None and (context_length < block_size or context_length % block_size):
@@ -59,8 +64,10 @@ def check_prompt_shape(prompt, prompt_mask, batch_size: int, length: int):
     message = f"sample: {name} must be [P] or [batch_size, P] with P <= length {length}"
     chex.assert_rank(given, {1, 2}, custom_message=message)
     chex.assert_axis_dimension_lteq(given, -1, length, custom_message=message)
-    if jnp.ndim(given) == 2:
-      chex.assert_axis_dimension_lteq(given, 0, batch_size, custom_message=message)
+    if jnp.ndim(given) == 2 and jnp.shape(given)[0] not in (1, batch_size):
+      raise ValueError(
+        f"sample: {name} has {jnp.shape(given)[0]} rows; give 1 or batch_size={batch_size}."
+      )
   if prompt_mask is not None:
     chex.assert_axis_dimension(
       prompt_mask,

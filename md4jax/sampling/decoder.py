@@ -29,6 +29,7 @@ the plain sampler, token for token.
 
 import dataclasses
 import functools
+import inspect
 import weakref
 from typing import Optional
 
@@ -229,10 +230,12 @@ def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
     trajectory = None
   tokens = tokens[:, : plan.length]
   info = {"nfe": nfe, "nonfinite_call": broken, "num_blocks": blocks, "cache_writes": writes}
-  if plan.eos_id is not None:  # Tokens after a row's first generated EOS are EOS.
-    is_eos = (tokens == plan.eos_id) & ~given[:, : plan.length]
+  if plan.eos_id is not None:  # Generated tokens after a row's first generated EOS are EOS.
+    given = given[:, : plan.length]
+    is_eos = (tokens == plan.eos_id) & ~given
     lengths = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1) + 1, plan.length)
-    tokens = jnp.where(jnp.arange(plan.length) >= lengths[:, None], plan.eos_id, tokens)
+    after = jnp.arange(plan.length) >= lengths[:, None]
+    tokens = jnp.where(after & ~given, plan.eos_id, tokens)
     info["lengths"] = lengths.astype(jnp.int32)
   if trajectory is not None:
     info["trajectory"] = trajectory
@@ -241,7 +244,8 @@ def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
 
 # A Denoiser's program: its params are arguments, so one program serves every param tree of a
 # shape. A plain function's own programs live as long as the function (a closure over params
-# keeps them as constants of its programs), in _PLAIN_PROGRAMS, which holds it weakly.
+# keeps them as constants of its programs): _PLAIN_PROGRAMS holds the function, or a bound
+# method's object, weakly, with {the function (or method): its program}.
 _decode_jit = jax.jit(_decode, static_argnums=0)
 _PLAIN_PROGRAMS = weakref.WeakKeyDictionary()
 
@@ -252,18 +256,28 @@ def _decode_plain(reference, plan: _Plan, key, prompt, prompt_mask):
 
 
 def _program(plan: _Plan, denoise_fn):
-  """decode(key, denoiser, prompt, prompt_mask), jitted for this plan and denoiser."""
+  """decode(key, denoiser, prompt, prompt_mask), jitted for this plan and denoiser. A program
+  whose schedule holds arrays (a learned schedule, made anew from each params) is this call's
+  own: kept, it would be compiled again for the next schedule and keep this one alive."""
+  this_call = jax.jit(functools.partial(_decode, plan))
   try:
     hash(plan)
-    reference = None if isinstance(denoise_fn, Denoiser) else weakref.ref(denoise_fn)
-  except TypeError:  # An unhashable setting (a learned schedule's exponents), or a function that
-    return jax.jit(functools.partial(_decode, plan))  # cannot be held weakly: this call's own.
-  if reference is None:
+  except TypeError:  # An unhashable setting.
+    return this_call
+  if plan.settings.schedule.state_dependent:
+    return this_call
+  if isinstance(denoise_fn, Denoiser):
     return functools.partial(_decode_jit, plan)
-  program = _PLAIN_PROGRAMS.get(denoise_fn)
-  if program is None:
-    program = jax.jit(functools.partial(_decode_plain, reference), static_argnums=0)
-    _PLAIN_PROGRAMS[denoise_fn] = program
+  method = inspect.ismethod(denoise_fn)  # Made anew at each attribute access: keyed by its object.
+  owner, name = (denoise_fn.__self__, denoise_fn.__func__) if method else (denoise_fn, None)
+  try:
+    programs = _PLAIN_PROGRAMS.setdefault(owner, {})
+  except TypeError:  # Not weakly referenceable.
+    return this_call
+  if name not in programs:
+    reference = weakref.WeakMethod(denoise_fn) if method else weakref.ref(denoise_fn)
+    programs[name] = jax.jit(functools.partial(_decode_plain, reference), static_argnums=0)
+  program = programs[name]
   return lambda key, denoiser, prompt, prompt_mask: program(plan, key, prompt, prompt_mask)
 
 
@@ -321,10 +335,10 @@ def sample(
       σ_t ("cap": min(η, σ_max), "rescale": η σ_max, "confidence": σ_max shared by the visible
       tokens, the least confident first; η unused), and ReMDM-loop's extra steps at the fixed
       α the grid first reaches above remask_loop_alpha (then only they remask).
-    guidance_scale: w of classifier-free guidance (any method, any cache): each call mixes the
-      denoiser's log-probs as (1 + w) cond − w uncond, uncond with the prompt masked (one call
-      on the doubled batch; the caches keep both halves); 0 is the conditional model, bit for
-      bit. Needs a prompt.
+    guidance_scale: w of classifier-free guidance (any method, any cache; a shifted denoiser:
+      cache "none"): each call mixes the denoiser's log-probs as (1 + w) cond − w uncond, uncond
+      with the prompt masked (one call on the doubled batch; the caches keep both halves); 0 is
+      the conditional model, bit for bit. Needs a prompt.
     record_trajectory: one block only: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's "top_ids" /
       "top_probs" [S, B, L, K] and "alphas" [S, B] at each step (the times t for a
@@ -340,25 +354,6 @@ def sample(
     inside a caller's jit, check the info with `check_logits`.
   """
   denoiser = as_denoiser(denoise_fn)
-  settings = samplers.Settings(
-    schedule=schedule,
-    mask_id=mask_id,
-    method=method,
-    num_steps=num_steps,
-    temperature=float(temperature),
-    top_k=top_k,
-    top_p=top_p,
-    time_grid_kind=time_grid_kind,
-    confidence=confidence,
-    threshold=threshold,
-    noise=noise,
-    remask=remask,
-    remask_eta=float(remask_eta),
-    remask_loop=remask_loop,
-    remask_loop_alpha=float(remask_loop_alpha),
-    record_trajectory=record_trajectory,
-    trajectory_top_k=trajectory_top_k,
-  )
   block_size, num_blocks, window = arguments.check_blocks(length, block_size, context_length)
   padded = num_blocks * block_size
   arguments.check_cache(cache, denoiser, block_size, window, padded)
@@ -380,6 +375,25 @@ def sample(
     guidance_scale=guidance_scale,
     has_prompt=prompt is not None,
   )
+  settings = samplers.Settings(
+    schedule=schedule,
+    mask_id=mask_id,
+    method=method,
+    num_steps=None if num_steps is None else int(num_steps),
+    temperature=float(temperature),
+    top_k=None if top_k is None else int(top_k),
+    top_p=top_p,
+    time_grid_kind=time_grid_kind,
+    confidence=confidence,
+    threshold=threshold,
+    noise=noise,
+    remask=remask,
+    remask_eta=float(remask_eta),
+    remask_loop=int(remask_loop),
+    remask_loop_alpha=float(remask_loop_alpha),
+    record_trajectory=record_trajectory,
+    trajectory_top_k=trajectory_top_k,
+  )
   arguments.check_decoding(
     denoiser,
     cache=cache,
@@ -392,8 +406,8 @@ def sample(
   if prompt is not None:
     arguments.check_prompt_shape(prompt, prompt_mask, batch_size, length)
   slots = 0
-  if cache == "exact":
-    slots = (padded if context_length is None else context_length) - block_size
+  if cache == "exact":  # The cache holds at most the positions before the last block.
+    slots = min(padded if context_length is None else context_length, padded) - block_size
   plan = _Plan(
     settings=settings,
     batch_size=batch_size,

@@ -55,6 +55,7 @@ denoiser is called as denoise_fn(z, t [B]) (`unmasking.sample_state_dependent`).
 """
 
 import dataclasses
+import numbers
 from typing import Callable, Optional
 
 import jax
@@ -236,6 +237,11 @@ def mix_guidance(both, scale):
   return jnp.where(jnp.isneginf(cond), -jnp.inf, mixed)
 
 
+def _is_integer(value) -> bool:
+  """An integer (a NumPy one too), not a bool."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_settings(
   *,
   schedule,
@@ -280,8 +286,7 @@ def check_settings(
     f"got {name('method')}={method!r}.",
   )
   require(
-    method in ("first_hitting", "threshold")
-    or (isinstance(num_steps, int) and not isinstance(num_steps, bool) and num_steps >= 1),
+    method in ("first_hitting", "threshold") or (_is_integer(num_steps) and num_steps >= 1),
     f"method={method!r} needs {name('num_steps')} >= 1, got {num_steps!r}.",
   )
   require(
@@ -295,7 +300,7 @@ def check_settings(
   choice(confidence, "confidence", "confidences", CONFIDENCES)
   require(temperature >= 0, f"{name('temperature')} must be >= 0, got {temperature}.")
   require(
-    top_k is None or (isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1),
+    top_k is None or (_is_integer(top_k) and top_k >= 1),
     f"{name('top_k')} must be an integer >= 1 or off, got {top_k!r}.",
   )
   require(
@@ -304,7 +309,7 @@ def check_settings(
   choice(remask, "remask", "remask strategies", REMASKS)
   require(0 <= remask_eta <= 1, f"{name('remask_eta')} must be in [0, 1], got {remask_eta}.")
   require(
-    isinstance(remask_loop, int) and not isinstance(remask_loop, bool) and remask_loop >= 0,
+    _is_integer(remask_loop) and remask_loop >= 0,
     f"{name('remask_loop')} must be an integer >= 0, got {remask_loop!r}.",
   )
   require(
