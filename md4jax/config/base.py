@@ -9,6 +9,8 @@ whether a checkpoint fixes it (fixed(...) at its declaration).
 import ml_collections
 from ml_collections import config_dict
 
+NOTES = ("was_set", "fixed")  # What a Declared key remembers beside its value.
+
 
 class Declared(config_dict.FieldReference):
   """A key's value: `was_set` once anything assigned it after base_config; `fixed` when a
@@ -25,7 +27,7 @@ class Declared(config_dict.FieldReference):
 
   def __setstate__(self, state):  # copy.deepcopy and pickle: FieldReference keeps its own only.
     super().__setstate__(state)
-    self.was_set, self.fixed = state.get("was_set", False), state.get("fixed", False)
+    self.was_set, self.fixed = (bool(state[name]) if name in state else False for name in NOTES)
 
 
 def fixed(value) -> Declared:
