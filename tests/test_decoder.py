@@ -148,9 +148,7 @@ def test_the_cache_holds_each_key_value_head_once(num_kv_heads):
   tokens, info = _sample(denoiser, block_size=4, cache="exact", length=16, context_length=12)
   head_dim, slots = 32 // 4, 12 - 4
   assert info["cache_bytes"] == 2 * 2 * 3 * slots * num_kv_heads * head_dim * 4
-  assert info["cache_bytes"] == decoder.cache_bytes(
-    denoiser, batch_size=3, context_length=12, block_size=4
-  )
+  assert info["cache_bytes"] == denoiser.cache_layout.bytes(3, slots)
   window, _ = _sample(
     lambda z, a: model.apply({"params": init(0)}, z, a), block_size=4, length=16, context_length=12
   )
@@ -196,3 +194,29 @@ def test_caches_refuse_what_they_cannot_serve():
     language.denoise_fn(MASK_ID), num_steps=np.int64(4), block_size=np.int64(4)
   )
   assert tokens.shape == (3, 8) and int(info["num_blocks"]) == 2
+
+
+def test_blocks_before_a_given_token_draw_the_exact_conditional():
+  """A window shows a later given token (infilling in blocks): with the exact oracle, each block
+  drawn by first_hitting from exact conditionals, the blocks before a given last token x_7 = c
+  draw p(x | x_7 = c). Its x_6 marginal is π(a) T(a, c) / π(c) (the chain is stationary)."""
+  language = groundtruth.MarkovLanguage(VOCAB, seed=1)
+  c, n = 2, 4000
+  prompt = jnp.full((8,), MASK_ID, jnp.int32).at[7].set(c)
+  tokens, info = _sample(
+    language.denoise_fn(MASK_ID),
+    method="first_hitting",
+    block_size=2,
+    length=8,
+    batch_size=n,
+    prompt=prompt,
+  )
+  tokens = np.asarray(tokens)
+  assert int(info["num_blocks"]) == 4 and np.all(tokens[:, 7] == c)
+  exact = language.initial * language.transition[:, c]
+  exact = exact / exact.sum()
+  counts = np.bincount(tokens[:, 6], minlength=VOCAB)
+  stderr = np.sqrt(exact * (1 - exact) / n)
+  np.testing.assert_array_less(np.abs(counts / n - exact), 4 * stderr + 1e-12)
+  # Without the given token shown, x_6 would follow the stationary law instead: the test tells.
+  assert np.abs(language.initial - exact).max() > 8 * stderr.max()

@@ -119,16 +119,14 @@ def _window_denoiser(plan: _Plan, denoiser, tokens, given, start):
 def _cached_call(plan: _Plan, denoiser: Denoiser, tokens, start, cache, block_given):
   """call(z, alpha) -> (logits, keys and values) of block [start, start + b) against `cache`,
   on the doubled rows under guidance; a shifted network reads the token before each position."""
-  b = plan.block_size
+  b, shift_id = plan.block_size, denoiser.shift_id
   positions = jnp.broadcast_to(start + jnp.arange(b), (plan.rows, b))
-  previous = jnp.where(
-    start > 0,
-    jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(start - 1, 0), axis=1),
-    denoiser.shift_id if denoiser.shift_id is not None else 0,
-  )
+  if shift_id is not None:  # The token before the block: the previous block's last, or BOS.
+    before = jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(start - 1, 0), axis=1)
+    previous = jnp.where(start > 0, before, shift_id)
 
   def call(z, alpha):
-    if denoiser.shift_id is not None:
+    if shift_id is not None:
       z = jnp.concatenate([previous, z[:, :-1]], axis=1)
     if plan.guidance:
       z, alpha = samplers.with_prompt_masked(z, alpha, block_given, plan.settings.mask_id)
@@ -255,17 +253,21 @@ def _decode_plain(reference, plan: _Plan, key, prompt, prompt_mask):
   return _decode(plan, key, as_denoiser(reference()), prompt, prompt_mask)
 
 
+def _this_call(plan: _Plan):
+  """A program for this call only, kept by nothing."""
+  return jax.jit(functools.partial(_decode, plan))
+
+
 def _program(plan: _Plan, denoise_fn):
   """decode(key, denoiser, prompt, prompt_mask), jitted for this plan and denoiser. A program
   whose schedule holds arrays (a learned schedule, made anew from each params) is this call's
   own: kept, it would be compiled again for the next schedule and keep this one alive."""
-  this_call = jax.jit(functools.partial(_decode, plan))
   try:
     hash(plan)
   except TypeError:  # An unhashable setting.
-    return this_call
+    return _this_call(plan)
   if plan.settings.schedule.state_dependent:
-    return this_call
+    return _this_call(plan)
   if isinstance(denoise_fn, Denoiser):
     return functools.partial(_decode_jit, plan)
   method = inspect.ismethod(denoise_fn)  # Made anew at each attribute access: keyed by its object.
@@ -273,7 +275,7 @@ def _program(plan: _Plan, denoise_fn):
   try:
     programs = _PLAIN_PROGRAMS.setdefault(owner, {})
   except TypeError:  # Not weakly referenceable.
-    return this_call
+    return _this_call(plan)
   if name not in programs:
     reference = weakref.WeakMethod(denoise_fn) if method else weakref.ref(denoise_fn)
     programs[name] = jax.jit(functools.partial(_decode_plain, reference), static_argnums=0)
@@ -439,12 +441,3 @@ def _cache_bytes(plan: _Plan, denoiser: Denoiser) -> int:
     return 0
   slots = plan.slots if plan.cache == "exact" else plan.padded
   return denoiser.cache_layout.bytes(plan.rows, slots)
-
-
-def cache_bytes(
-  denoiser: Denoiser, *, batch_size: int, context_length: int, block_size: int, guided: bool = False
-) -> int:
-  """Bytes of the exact cache `sample` keeps for these settings (keys and values of every layer
-  at num_kv_heads; twice the rows under guidance)."""
-  rows = 2 * batch_size if guided else batch_size
-  return denoiser.cache_layout.bytes(rows, context_length - block_size)
