@@ -25,6 +25,7 @@ setuptools.setup(
     "tensorflow-datasets>=4.9.8,<5",
     "importlib_resources>=6",  # tensorflow-datasets on Python 3.11 imports it.
     "tokenizers>=0.21,<1",
+    "jinja2>=3.1,<4",  # Released models' chat templates (sample.chat), rendered as transformers does.
     "safetensors>=0.4.2,<1",  # Hugging Face weights in and out (md4jax.convert); bfloat16 from 0.4.2.
     "numpy>=1.26,<3",
     "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.

@@ -1,4 +1,4 @@
-r"""Converts Hugging Face Llama and Qwen2 models into md4jax workdirs, and md4jax models back.
+r"""Converts Hugging Face Llama, Qwen2, LLaDA and Dream models into md4jax workdirs, and back.
 
   python -m md4jax.convert --in=HF_FOLDER --out=/tmp/qwen [--model_type=ar|mdm] \
       [--config=configs/localtext.py --config.data.path=corpus.txt ...]
@@ -6,7 +6,8 @@ r"""Converts Hugging Face Llama and Qwen2 models into md4jax workdirs, and md4ja
   python -m md4jax.convert --direction=export --in=/tmp/qwen --out=/tmp/qwen_hf
 
 Import reads HF_FOLDER's config.json and *.safetensors (and tokenizer.json, copied into the
-workdir with data.tokenizer = "bpe") and writes the workdir a run of md4jax.main continues: its
+workdir with data.tokenizer = "bpe"; its other files, such as tokenizer_config.json's chat template
+and a released dLLM's modeling code, are kept in the workdir's hf_files/ for export) and writes the workdir a run of md4jax.main continues: its
 config.json and a step-0 checkpoint (the converted weights as params and EMA, a fresh optimizer
 state). Every key the model does not fix comes from --config (base_config without one). Export
 writes the EMA params (--params=raw: the raw ones) of a workdir's newest checkpoint as
@@ -54,9 +55,10 @@ def _define_flags() -> types.SimpleNamespace:
   )
   cli.model_type = flags.DEFINE_enum(
     "model_type",
-    "ar",
+    None,
     ["ar", "mdm"],
-    "import: model.type of the workdir, 'ar' (causal, as pretrained) or 'mdm' (bidirectional).",
+    "import: model.type of the workdir, 'ar' (causal) or 'mdm' (bidirectional); default the "
+    "folder's own: mdm for LLaDA and Dream, ar for Llama and Qwen2.",
   )
   cli.config = config_flags.DEFINE_config_file(
     "config", None, "import: a config file whose other keys the workdir takes.", lock_config=True
@@ -90,6 +92,11 @@ USER_ERRORS = (
 _FRESH_DATA_STATE = {"next_batch_index": 0}
 # The original config.json beside a converted workdir's: export keeps its other fields.
 HF_CONFIG_FILE = "hf_config.json"
+# The folder's other small files (tokenizer_config.json, generation_config.json, a dLLM's
+# modeling code), kept for export: neither weights, nor what export writes itself.
+HF_FILES = "hf_files"
+_KEPT_SUFFIXES = (".json", ".py", ".jinja", ".txt", ".model")
+_NOT_KEPT = (hf_folder.CONFIG_FILE, hf_folder.TOKENIZER_FILE, hf_folder.INDEX_FILE)
 
 
 def _cpu():
@@ -97,7 +104,16 @@ def _cpu():
   return jax.local_devices(backend="cpu")[0]
 
 
-def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: int = 0):
+def _kept_files(source) -> list:
+  """The folder's files that export writes back as they were (HF_FILES)."""
+  return sorted(
+    path
+    for path in pathlib.Path(source).iterdir()
+    if path.is_file() and path.suffix in _KEPT_SUFFIXES and path.name not in _NOT_KEPT
+  )
+
+
+def import_hf(source, workdir, config=None, model_type=None, vocab_size: int = 0):
   """Writes the md4jax workdir of the Hugging Face folder `source`; returns its config."""
   workdir = workdir_lib.as_workdir(workdir)
   if workdir.checkpoints.is_dir() and any(workdir.checkpoints.iterdir()):
@@ -111,6 +127,11 @@ def import_hf(source, workdir, config=None, model_type: str = "ar", vocab_size: 
   with workdir_lib.Lock(workdir, "convert"):
     if hf_tokenizer.is_file():
       shutil.copyfile(hf_tokenizer, workdir.tokenizer)
+    kept = _kept_files(source)
+    if kept:
+      (workdir.root / HF_FILES).mkdir(exist_ok=True)
+    for path in kept:
+      shutil.copyfile(path, workdir.root / HF_FILES / path.name)
     with jax.default_device(_cpu()):
       state = state_lib.state_from_params(
         config, state_lib.make_optimizer(config), jax.tree.map(jnp.asarray, params)
@@ -140,17 +161,20 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
     workdir.root, params=which, mesh=mesh, role="--in", check_config=False, log=log
   )
   params = jax.device_get(objective.network_params(loaded.params))
-  tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name])
   hf = hf_params.hf_config(options, dtype_name, loaded.config.data.seq_len, base)
+  tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name], hf["model_type"])
   hf_folder.write_safetensors(pathlib.Path(out) / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})
   hf_folder.write_config(out, hf)
   # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
   if workdir.tokenizer.is_file() and tokenizer_lib.load(workdir.tokenizer).kind == "bpe":
     shutil.copyfile(workdir.tokenizer, pathlib.Path(out) / hf_folder.TOKENIZER_FILE)
+  if (workdir.root / HF_FILES).is_dir():
+    for path in sorted((workdir.root / HF_FILES).iterdir()):
+      shutil.copyfile(path, pathlib.Path(out) / path.name)
   log(
     f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {loaded.step}'s {which} params."
   )
-  if loaded.config.model.type == "mdm":
+  if loaded.config.model.type == "mdm" and hf["model_type"] not in hf_params.DIFFUSION_TYPES:
     log(
       "Note: a model.type='mdm' model is a bidirectional denoiser without its mask row; "
       "transformers runs these weights as a causal LM."

@@ -14,6 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from md4jax.data import chat
 from md4jax.diffusion.denoiser import caches_keys_and_values
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
@@ -57,6 +58,8 @@ def encode_prompt(config: ml_collections.ConfigDict, source) -> np.ndarray:
   prompt, length = config.sample.prompt, config.sample.length or config.data.seq_len
   if not prompt:
     return np.zeros((0,), np.int32)
+  if config.sample.chat:
+    prompt = chat.apply(config.data.chat_template, prompt)
   try:
     ids = np.asarray(source.encode(prompt), np.int32)
   except ValueError as e:

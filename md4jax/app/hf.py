@@ -1,8 +1,10 @@
-"""A Hugging Face Llama or Qwen2 folder as an md4jax model, in memory: its config (md4jax's keys)
-and its params. `md4jax.load` opens such a folder with it; `python -m md4jax.convert` writes
+"""A Hugging Face Llama, Qwen2, LLaDA or Dream folder as an md4jax model, in memory: its config
+(md4jax's keys) and its params. `md4jax.load` opens such a folder with it; `python -m md4jax.convert` writes
 the workdir of one, and a workdir back as one."""
 
+import json
 import pathlib
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -11,9 +13,14 @@ import ml_collections
 import numpy as np
 
 from md4jax import config as config_lib
+from md4jax.data import chat
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.model import hf_folder, hf_params
 from md4jax.training import state as state_lib
+
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # Its chat template (data.chat_template).
+# The mask tokens of the released dLLMs' tokenizers: LLaDA's, Dream's.
+MASK_TOKENS = ("<|mdm_mask|>", "<|mask|>")
 
 
 def is_hf_folder(path) -> bool:
@@ -56,15 +63,60 @@ def check_fits(config: ml_collections.ConfigDict, params: dict):
     raise ValueError(f"The converted params do not fit the model at {sorted(wrong)[:5]}.")
 
 
-def folder_config(source, base=None, model_type: str = "ar", vocab_size: int = 0):
-  """(config, config.json's fields) of the folder `source`: every key the model does not fix
-  from `base` (base_config without one). With a tokenizer.json there, the config reads it
-  (data.tokenizer 'bpe'), and text data needs its size to be the model's rows."""
-  hf = hf_folder.read_config(source)
-  config = converted_config(
-    base or config_lib.base_config(), hf_params.model_options(hf), model_type, vocab_size
+def _check_mask_token(source, hf: dict, tokenizer):
+  """A released dLLM's tokenizer names its mask token (MASK_TOKENS) at config.json's
+  mask_token_id: a ValueError naming both otherwise."""
+  for name in MASK_TOKENS:
+    token_id = tokenizer.token_to_id(name)
+    if token_id is not None:
+      if token_id != hf["mask_token_id"]:
+        raise ValueError(
+          f"{source}: config.json's mask_token_id is {hf['mask_token_id']}, but its tokenizer "
+          f"has {name} at id {token_id}."
+        )
+      return
+  raise ValueError(
+    f"{source}: its tokenizer.json has no mask token ({', '.join(MASK_TOKENS)}) to check "
+    f"mask_token_id={hf['mask_token_id']} against."
   )
+
+
+def folder_model_type(hf: dict, model_type: Optional[str]) -> str:
+  """md4jax's model.type of a folder: "mdm" for a released dLLM, else `model_type` (default ar)."""
+  if hf["model_type"] in hf_params.DIFFUSION_TYPES:
+    if model_type not in (None, "mdm"):
+      raise ValueError(
+        f"A {hf['model_type']} folder holds a masked diffusion model: model_type must be 'mdm', "
+        f"not {model_type!r}."
+      )
+    return "mdm"
+  return model_type or "ar"
+
+
+def folder_config(source, base=None, model_type: Optional[str] = None, vocab_size: int = 0):
+  """(config, config.json's fields) of the folder `source`: every key the model does not fix
+  from `base` (base_config without one); model.type `model_type` ("ar" or "mdm"; default: the
+  folder's, mdm for LLaDA and Dream, else ar). With a tokenizer.json there, the config reads it
+  (data.tokenizer 'bpe'), and text data needs its size to be the model's rows. A LLaDA or Dream
+  folder needs its tokenizer, whose mask token must be config.json's mask_token_id."""
+  hf = hf_folder.read_config(source)
+  options = hf_params.model_options(hf)
+  model_type = folder_model_type(hf, model_type)
+  config = converted_config(base or config_lib.base_config(), options, model_type, vocab_size)
   hf_tokenizer = pathlib.Path(source) / hf_folder.TOKENIZER_FILE
+  if hf["model_type"] in hf_params.DIFFUSION_TYPES:
+    if not hf_tokenizer.is_file():
+      raise ValueError(
+        f"{source} has no {hf_folder.TOKENIZER_FILE}: a {hf['model_type']} folder needs its "
+        "tokenizer (its mask token and chat template)."
+      )
+    _check_mask_token(source, hf, tokenizer_lib.load(hf_tokenizer).tokenizer)
+  tokenizer_config = pathlib.Path(source) / TOKENIZER_CONFIG_FILE
+  if tokenizer_config.is_file():
+    try:
+      config.data.chat_template = chat.template_of(json.loads(tokenizer_config.read_text("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+      raise ValueError(f"{tokenizer_config} does not read as a tokenizer config ({e!r}).") from None
   if hf_tokenizer.is_file():
     config.data.tokenizer = "bpe"
     config.data.tokenizer_path = str(hf_tokenizer.absolute())
@@ -85,6 +137,7 @@ def folder_params(source, config: ml_collections.ConfigDict, hf: dict, vocab_siz
     hf_params.model_options(hf),
     config.model.scan_layers,
     vocab_size,
+    hf["model_type"],
   )
   check_fits(config, params)
   return params
@@ -105,5 +158,5 @@ def md4jax_options(config: ml_collections.ConfigDict) -> dict:
         f"model.{key}={model[key]!r}: Llama and Qwen2 have no equivalent; export needs {wanted!r}."
       )
   keys = ("num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_dim", "norm_eps")
-  keys += ("rope_base", "qkv_bias", "tie_embeddings")
+  keys += ("rope_base", "qkv_bias", "tie_embeddings", "checkpoint_mask_id", "shift_logits")
   return {**{key: model[key] for key in keys}, "vocab_size": config.data.vocab_size}

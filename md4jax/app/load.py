@@ -24,6 +24,7 @@ from md4jax.data import sources
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.diffusion import groundtruth
 from md4jax.diffusion.denoiser import Denoiser
+from md4jax.model import hf_params
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
@@ -146,7 +147,7 @@ def load(
   params: str = "ema",
   overrides: Optional[dict] = None,
   mesh=None,
-  model_type: str = "ar",
+  model_type: Optional[str] = None,
   role: Optional[str] = None,
   check_config: bool = True,
   log: Callable = logging.warning,
@@ -163,7 +164,8 @@ def load(
       sampling keys, e.g. {"sample.num_steps": 32}).
     mesh: the devices the params are placed on (default: a mesh of every device, as the config's
       mesh keys lay it out).
-    model_type: a Hugging Face folder's model.type, "ar" (causal, as pretrained) or "mdm".
+    model_type: a Hugging Face folder's model.type, "ar" (causal) or "mdm"; default the folder's
+      own (mdm for LLaDA and Dream, ar for Llama and Qwen2).
     role: the setting that named the path, for error messages (default "path"), e.g.
       "eval.judge_workdir": "eval.judge_workdir='/w': no checkpoint in /w/checkpoints."
     check_config: validate the config on mesh, as a run of it would; False for a caller that
@@ -188,8 +190,8 @@ def load(
         )
       config, hf = hf_lib.folder_config(folder, model_type=model_type)
       # Its context: the rows the harness and the samplers' windows take.
-      if hf.get("max_position_embeddings"):
-        config.data.seq_len = int(hf["max_position_embeddings"])
+      if hf_params.context_length(hf):
+        config.data.seq_len = hf_params.context_length(hf)
     else:
       config = config_lib.workdir_config(folder, role)
     for name, value in (overrides or {}).items():

@@ -1,6 +1,7 @@
 """The validators of adapting a model into a new run (docs/adapt.md): model.shifted_prediction,
-training.attention_anneal_steps and training.init_from, for `validate_config`, which runs them
-after every section they depend on."""
+training.attention_anneal_steps and training.init_from, and of a released dLLM's conventions
+(model.checkpoint_mask_id, model.shift_logits: docs/convert.md), for `validate_config`, which runs
+them after every section they depend on."""
 
 import ml_collections
 
@@ -28,8 +29,25 @@ def validate_adaptation(config: ml_collections.ConfigDict):
     isinstance(training.init_from, str),
     f'training.init_from must be a workdir path ("": a random init), got {training.init_from!r}.',
   )
+  check(
+    isinstance(model.shift_logits, bool),
+    f"model.shift_logits must be true or false, got {model.shift_logits!r}.",
+  )
+  mask_in_vocab = model.checkpoint_mask_id
+  check(
+    type(mask_in_vocab) is int  # pylint: disable=unidiomatic-typecheck  (not bool)
+    and -1 <= mask_in_vocab < config.data.vocab_size,
+    f"model.checkpoint_mask_id must be -1 (none) or an id below data.vocab_size="
+    f"{config.data.vocab_size}, got {mask_in_vocab!r}.",
+  )
+  check(
+    not (model.shift_logits and model.shifted_prediction),
+    "model.shift_logits (Dream's shifted logits) and model.shifted_prediction (shifted inputs) "
+    "are two forms of one shift: set one.",
+  )
   blocks = 0 < config.diffusion.block_size < config.data.seq_len
   for name, used in (
+    ("model.shift_logits", model.shift_logits),
     ("model.shifted_prediction", model.shifted_prediction),
     ("training.attention_anneal_steps", steps > 0),
   ):

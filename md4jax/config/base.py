@@ -106,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.data.text_field = fixed("text")  # JSONL files: the field holding each document's text.
   config.data.prompt_field = fixed("prompt")  # conditional: the JSONL field of the prompt (read, never masked nor scored).
   config.data.response_field = fixed("response")  # conditional: the JSONL field of the response (the model's target).
+  config.data.chat_template = fixed("")  # A chat template (Jinja, tokenizer_config.json's, its special tokens bound) that sample.chat renders around sample.prompt; md4jax.convert sets it.
   config.data.worker_count = 0  # grain worker processes for text batches; 0 reads in the training process.
 
   config.model = ml_collections.ConfigDict()
@@ -131,6 +132,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = fixed(False)  # Logits read off the token embedding's first vocab_size rows (the mask row is an input only) instead of a logits layer of their own (tie_word_embeddings); needs embed_dim = 0.
   config.model.rope_base = fixed(10000.0)  # RoPE's θ: a head's pair i turns by rope_base^(-2i/head_dim) per position (Llama 3: 500000, Qwen2: 1000000).
   config.model.shifted_prediction = fixed(False)  # mdm: Dream's shift, the network reads [BOS = mask id, z_0, ..., z_{L-2}] so position i's output predicts token i from the positions before it, as an ar model's next-token head does (adapting one: docs/adapt.md).
+  config.model.checkpoint_mask_id = fixed(-1)  # A released dLLM's own mask id inside the vocabulary (LLaDA 126336, Dream 151666), set by md4jax.convert: never predicted (logit -inf), its embedding row is the mask's (row vocab_size); -1: none.
+  config.model.shift_logits = fixed(False)  # mdm: Dream's shift, position i's logits are the last layer's output at position i − 1 (position 0 keeps its own), the network reading z itself; set by md4jax.convert for a Dream checkpoint (caches: none only).
   config.model.time_input = fixed("alpha")  # adaln: the denoiser's time input, "alpha" (α(t)) or "t" (MD4; the samplers pass t = the schedule's inverse of α).
   config.model.time_features = fixed("dit")  # adaln: sinusoidal time features, "dit" ([cos, sin], 10000^(-i/half)) or "ddpm" ([sin, cos], 10000^(-i/(half-1)), MD4).
   config.model.time_dim = fixed(0)  # adaln: width of the time features and time embedding (MD4: the head dim); 0 = model_dim.
@@ -208,6 +211,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.top_k = 0  # Keep only the k most likely tokens of every draw; 0 keeps all.
   config.sample.top_p = 1.0  # Nucleus: keep the smallest set of tokens with this much probability; 1 keeps all.
   config.sample.prompt = ""  # Text every sample starts with (markov: space-separated ids); "" starts from all-mask.
+  config.sample.chat = False  # Render sample.prompt as a user's message in data.chat_template (an Instruct model's form) before encoding it.
   config.sample.length = 0  # Tokens per sample; 0 = data.seq_len. Longer (mdm): generated block by block.
   config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2. With sample.cache: the decoding block.
   config.sample.cache = "none"  # Fast-dLLM's approximate KV cache, "prefix" or "dual": decode block by block within the context (sample.block_length, dividing the length; time-free mdm); "none" = off.

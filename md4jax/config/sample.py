@@ -34,6 +34,12 @@ def _validate_sample(config: ml_collections.ConfigDict):
     isinstance(sample.num_samples, int) and sample.num_samples >= 0,
     f"sample.num_samples must be an integer >= 0, got {sample.num_samples!r}.",
   )
+  check(isinstance(sample.chat, bool), f"sample.chat must be true or false, got {sample.chat!r}.")
+  check(
+    not sample.chat or data.chat_template,
+    "sample.chat renders sample.prompt in data.chat_template, which is empty (md4jax.convert "
+    "sets it from a folder's tokenizer_config.json).",
+  )
   # threshold and top_k hold a value even when unused (0: top_k off).
   check(0 <= sample.threshold <= 1, f"sample.threshold must be in [0, 1], got {sample.threshold}.")
   check(

@@ -129,6 +129,8 @@ class Denoiser:
     """The KV cache's layout of a network denoiser without per-row inputs (None: no cache)."""
     if not caches_keys_and_values(self.network) or self.inputs is not None:
       return None
+    if getattr(self.network, "shift_logits", False):  # Reads the position before the block.
+      return None
     net = self.network
     return CacheLayout(
       num_layers=net.num_layers,

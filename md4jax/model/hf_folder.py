@@ -21,6 +21,7 @@ import safetensors.numpy
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
+INDEX_FILE = "model.safetensors.index.json"  # A sharded model's {tensor: shard file} map.
 # The float dtypes checkpoints hold (bfloat16 is ml_dtypes'; importing it lets safetensors name it).
 _FLOAT_DTYPES = tuple(map(np.dtype, (np.float64, np.float32, np.float16, ml_dtypes.bfloat16)))
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -58,6 +59,18 @@ def read_safetensors(path) -> dict:
 def read_weights(folder) -> dict:
   """Every tensor of the folder's *.safetensors files (one, or the shards of a large model)."""
   files = sorted(pathlib.Path(folder).glob("*.safetensors"))
+  index = pathlib.Path(folder) / INDEX_FILE
+  if index.is_file():  # A sharded model: every shard its index names must be there.
+    try:
+      listed = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{index} is not a safetensors index ({e!r}).") from None
+    missing = sorted(name for name in listed if not (pathlib.Path(folder) / name).is_file())
+    if missing:
+      raise FileNotFoundError(
+        f"{folder}: {INDEX_FILE} lists {len(missing)} shard(s) that are not there: "
+        f"{', '.join(missing[:3])}."
+      )
   if not files:
     raise FileNotFoundError(
       f"No *.safetensors file in {folder}: md4jax reads safetensors only (a pytorch_model.bin "

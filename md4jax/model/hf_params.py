@@ -20,7 +20,20 @@ model keys; `to_md4jax` and `from_md4jax` move the tensors (torch's Linear weigh
 RoPE needs no permutation: Hugging Face's rotate_half pairs x[i] with x[i + Dh/2] at frequency
 θ^(-2i/Dh), as md4jax's half-split RoPE does. The attention scale is 1/√Dh in both.
 
-The mask row (md4jax's input id V) is the mean of the V token rows: an input at the centre of
+LLaDA (model_type "llada", OLMo's names) and Dream ("Dream", Qwen2's names) are released
+masked diffusion LMs: the same network, bidirectional. LLaDA's tensors are named
+
+  model.transformer.wte.weight, .ln_f.weight, .ff_out.weight (untied head)
+  model.transformer.blocks.i.{q_proj, k_proj, v_proj, attn_out}.weight (attention)
+  model.transformer.blocks.i.{attn_norm, ff_norm}.weight, {ff_proj, up_proj, ff_out}.weight
+                                              (gate, up, down of the SwiGLU MLP)
+
+and Dream's as Qwen2's. Each has its own mask id inside the vocabulary (config.json's
+mask_token_id): md4jax's mask input V copies that row, and the network never predicts that id
+(model.checkpoint_mask_id); export writes row V back to it. Dream's logits are shifted: position
+i's come from the output at position i − 1 (model.shift_logits).
+
+For Llama and Qwen2, the mask row (md4jax's input id V) is the mean of the V token rows: an input at the centre of
 the pretrained embeddings, which the first RMSNorm scales like any token's, so a pretrained
 network reads it as a plausible but uninformative token until fine-tuning shapes it. With tied
 embeddings the logits read the first V rows only, so it never changes a prediction. Exporting
@@ -30,7 +43,52 @@ drops it.
 import jax
 import numpy as np
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {
+  "llama": "LlamaForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "llada": "LLaDAModelLM",
+  "Dream": "DreamModel",
+}
+# The released masked diffusion LMs: bidirectional, with a mask id of their own.
+DIFFUSION_TYPES = ("llada", "Dream")
+# Each family's tensor names (`to_md4jax`); {i} is the layer.
+_LLAMA_NAMES = {
+  "embed": "model.embed_tokens.weight",
+  "head": "lm_head.weight",
+  "final_norm": "model.norm.weight",
+  "layer": "model.layers.{i}.",
+  "q": "self_attn.q_proj",
+  "k": "self_attn.k_proj",
+  "v": "self_attn.v_proj",
+  "out": "self_attn.o_proj",
+  "attn_norm": "input_layernorm",
+  "mlp_norm": "post_attention_layernorm",
+  "gate": "mlp.gate_proj",
+  "up": "mlp.up_proj",
+  "down": "mlp.down_proj",
+}
+_LLADA_NAMES = {
+  "embed": "model.transformer.wte.weight",
+  "head": "model.transformer.ff_out.weight",
+  "final_norm": "model.transformer.ln_f.weight",
+  "layer": "model.transformer.blocks.{i}.",
+  "q": "q_proj",
+  "k": "k_proj",
+  "v": "v_proj",
+  "out": "attn_out",
+  "attn_norm": "attn_norm",
+  "mlp_norm": "ff_norm",
+  "gate": "ff_proj",
+  "up": "up_proj",
+  "down": "ff_out",
+}
+
+
+def tensor_names(model_type: str) -> dict:
+  """The family's tensor names: LLaDA's own, or Llama's (Qwen2 and Dream share them)."""
+  return _LLADA_NAMES if model_type == "llada" else _LLAMA_NAMES
+
+
 # Fields Hugging Face fills in when config.json leaves them out (its configs' defaults).
 _HF_DEFAULTS = {
   "hidden_act": "silu",
@@ -74,6 +132,70 @@ def _rope_theta(hf: dict) -> float:
   return float(rope["rope_theta"] if "rope_theta" in rope else _field(hf, "rope_theta"))
 
 
+# LLaDA's config.json fields (OLMo's) whose other values md4jax's network lacks: {name: the value
+# LLaDA-8B has, which md4jax's network is}; an absent field is OLMo's default, listed second.
+_LLADA_FIXED = {
+  "block_type": ("llama", "sequential"),
+  "layer_norm_type": ("rms", "default"),
+  "activation_type": ("silu", "swiglu"),
+  "rope": (True, False),
+  "alibi": (False, False),
+  "include_bias": (False, True),
+  "include_qkv_bias": (False, False),
+  "attention_layer_norm": (False, False),
+  "input_emb_norm": (False, False),
+  "scale_logits": (False, False),
+  "block_group_size": (1, 1),
+}
+_LLADA_REQUIRED = ("d_model", "n_heads", "n_layers", "mlp_hidden_size", "vocab_size")
+
+
+def _mask_token_id(hf: dict, rows: int) -> int:
+  """A released dLLM's mask id (config.json's mask_token_id), checked to lie in its vocabulary."""
+  mask_id = hf["mask_token_id"] if "mask_token_id" in hf else None
+  if type(mask_id) is not int or not 0 <= mask_id < rows:  # pylint: disable=unidiomatic-typecheck
+    raise ValueError(
+      f"config.json ({hf['model_type']}): mask_token_id {mask_id!r} is not an id of its "
+      f"{rows}-token vocabulary."
+    )
+  return mask_id
+
+
+def _llada_options(hf: dict) -> dict:
+  missing = [name for name in _LLADA_REQUIRED if name not in hf]
+  if missing:
+    raise ValueError(f"config.json (llada) has no {', '.join(missing)}.")
+  for name, (wanted, default) in _LLADA_FIXED.items():
+    value = hf[name] if name in hf and hf[name] is not None else default
+    if value != wanted:
+      raise ValueError(
+        f"config.json: {name}={value!r} is not supported (md4jax reads LLaDA's Llama-like "
+        f"blocks: {name}={wanted!r})."
+      )
+  width, heads = hf["d_model"], hf["n_heads"]
+  kv_heads = hf["n_kv_heads"] if hf.get("n_kv_heads") else heads  # (null: as many as heads)
+  if heads % kv_heads or width % heads:
+    raise ValueError(
+      f"config.json: n_kv_heads={kv_heads} must divide n_heads={heads}, which divides "
+      f"d_model={width}."
+    )
+  rows = hf["embedding_size"] if hf.get("embedding_size") else hf["vocab_size"]
+  return {
+    "num_layers": hf["n_layers"],
+    "model_dim": width,
+    "num_heads": heads,
+    "num_kv_heads": 0 if kv_heads == heads else kv_heads,
+    "mlp_dim": hf["mlp_hidden_size"],
+    "norm_eps": float(hf["rms_norm_eps"] if "rms_norm_eps" in hf else 1e-5),
+    "rope_base": float(hf["rope_theta"] if "rope_theta" in hf else 10000.0),
+    "qkv_bias": False,
+    "tie_embeddings": bool(hf["weight_tying"] if "weight_tying" in hf else False),
+    "checkpoint_mask_id": _mask_token_id(hf, rows),
+    "shift_logits": False,
+    "vocab_size": rows,
+  }
+
+
 def model_options(hf: dict) -> dict:
   """md4jax's model keys (and data.vocab_size as "vocab_size") for a Hugging Face config.json.
 
@@ -85,12 +207,15 @@ def model_options(hf: dict) -> dict:
       f"config.json: model_type {model_type!r} is not supported; md4jax converts "
       f"{', '.join(ARCHITECTURES)}."
     )
+  if model_type == "llada":
+    return _llada_options(hf)
   missing = [name for name in _REQUIRED if name not in hf]
   if missing:
     raise ValueError(f"config.json ({model_type}) has no {', '.join(missing)}.")
   width, heads = hf["hidden_size"], hf["num_attention_heads"]
   kv_heads = hf["num_key_value_heads"] if hf.get("num_key_value_heads") else heads
   head_dim = hf["head_dim"] if hf.get("head_dim") else width // heads
+  biased = model_type in ("qwen2", "Dream")
   checks = {  # name: (its value, whether md4jax's network lacks it)
     "hidden_act": (_field(hf, "hidden_act"), _field(hf, "hidden_act") != "silu"),
     "head_dim": (head_dim, head_dim * heads != width),
@@ -109,6 +234,7 @@ def model_options(hf: dict) -> dict:
         "without biases, head_dim = hidden_size / num_attention_heads dividing into key/value "
         "groups, q/k/v biases only as Qwen2's, full attention)."
       )
+  dream = model_type == "Dream"
   return {
     "num_layers": hf["num_hidden_layers"],
     "model_dim": width,
@@ -117,10 +243,21 @@ def model_options(hf: dict) -> dict:
     "mlp_dim": hf["intermediate_size"],
     "norm_eps": float(_field(hf, "rms_norm_eps")),
     "rope_base": _rope_theta(hf),
-    "qkv_bias": model_type == "qwen2",
+    "qkv_bias": biased,
     "tie_embeddings": bool(_field(hf, "tie_word_embeddings")),
+    "checkpoint_mask_id": _mask_token_id(hf, hf["vocab_size"]) if dream else -1,
+    "shift_logits": dream,
     "vocab_size": hf["vocab_size"],
   }
+
+
+def context_length(hf: dict) -> int:
+  """The positions a folder's model was trained on (config.json's max_position_embeddings, LLaDA's
+  max_sequence_length), 0 when it does not say."""
+  for name in ("max_position_embeddings", "max_sequence_length"):
+    if hf.get(name):
+      return int(hf[name])
+  return 0
 
 
 def _dims(options: dict) -> tuple:
@@ -142,10 +279,18 @@ def _layers(params: dict, num_layers: int) -> list:
   return [params[f"block_{i}"] for i in range(num_layers)]
 
 
-def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_size: int = 0) -> dict:
-  """md4jax params (float32 numpy) from Hugging Face tensors (numpy, any float dtype) named as in
-  its safetensors files; vocab_size > 0 keeps only the first vocab_size token rows (a padded
-  vocabulary cut to its tokenizer's). Raises ValueError naming a missing, extra or misshapen one."""
+def to_md4jax(
+  tensors: dict,
+  options: dict,
+  scan_layers: bool = False,
+  vocab_size: int = 0,
+  model_type: str = "llama",
+) -> dict:
+  """md4jax params (float32 numpy) from Hugging Face tensors (numpy, any float dtype) named as
+  model_type's safetensors files name them; vocab_size > 0 keeps only the first vocab_size token
+  rows (a padded vocabulary cut to its tokenizer's). Raises ValueError naming a missing, extra or
+  misshapen one."""
+  names = tensor_names(model_type)
   tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
   width, heads, kv_heads, head_dim = _dims(options)
   full_vocab = options["vocab_size"]
@@ -163,14 +308,20 @@ def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_siz
       )
     return np.asarray(value, np.float32)
 
-  embedding = take("model.embed_tokens.weight", (full_vocab, width))[:vocab]
-  mask_row = embedding.mean(axis=0, dtype=np.float64, keepdims=True).astype(np.float32)
+  embedding = take(names["embed"], (full_vocab, width))[:vocab]
+  mask_id = options["checkpoint_mask_id"]
+  if mask_id >= vocab:
+    raise ValueError(f"vocab_size {vocab} cuts off the checkpoint's mask id {mask_id}.")
+  if mask_id >= 0:  # The checkpoint's own trained mask embedding.
+    mask_row = embedding[mask_id : mask_id + 1]
+  else:
+    mask_row = embedding.mean(axis=0, dtype=np.float64, keepdims=True).astype(np.float32)
   params = {
     "embed": {"embedding": np.concatenate([embedding, mask_row])},
-    "final_norm": {"scale": take("model.norm.weight", (width,))},
+    "final_norm": {"scale": take(names["final_norm"], (width,))},
   }
-  if "lm_head.weight" in tensors or not options["tie_embeddings"]:
-    head = take("lm_head.weight", (full_vocab, width))[:vocab]
+  if names["head"] in tensors or not options["tie_embeddings"]:
+    head = take(names["head"], (full_vocab, width))[:vocab]
     if not options["tie_embeddings"]:
       params["logits"] = {"kernel": np.ascontiguousarray(head.T)}
     elif not np.array_equal(head, embedding):
@@ -179,16 +330,16 @@ def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_siz
       )
   blocks = []
   for i in range(options["num_layers"]):
-    prefix = f"model.layers.{i}."
-    attn = lambda name, rows, prefix=prefix: take(f"{prefix}self_attn.{name}", rows)
+    prefix = names["layer"].format(i=i)
+    attn = lambda name, rows, prefix=prefix: take(f"{prefix}{name}", rows)
     heads_of = lambda w, n: w.T.reshape(width, n, head_dim)
-    q = heads_of(attn("q_proj.weight", (heads * head_dim, width)), heads)
+    q = heads_of(attn(f"{names['q']}.weight", (heads * head_dim, width)), heads)
     k, v = (
-      heads_of(attn(f"{p}_proj.weight", (kv_heads * head_dim, width)), kv_heads) for p in "kv"
+      heads_of(attn(f"{names[p]}.weight", (kv_heads * head_dim, width)), kv_heads) for p in "kv"
     )
     if options["qkv_bias"]:
-      q_bias = attn("q_proj.bias", (heads * head_dim,)).reshape(heads, head_dim)
-      k_bias, v_bias = (attn(f"{p}_proj.bias", (kv_heads * head_dim,)) for p in "kv")
+      q_bias = attn(f"{names['q']}.bias", (heads * head_dim,)).reshape(heads, head_dim)
+      k_bias, v_bias = (attn(f"{names[p]}.bias", (kv_heads * head_dim,)) for p in "kv")
       kv_bias = np.stack([k_bias, v_bias]).reshape(2, kv_heads, head_dim)
     if kv_heads == heads:
       block_attn = {"qkv": {"kernel": np.stack([q, k, v], axis=1)}}
@@ -198,15 +349,15 @@ def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_siz
       block_attn = {"q": {"kernel": q}, "kv": {"kernel": np.stack([k, v], axis=1)}}
       if options["qkv_bias"]:
         block_attn["q"]["bias"], block_attn["kv"]["bias"] = q_bias, kv_bias
-    out = attn("o_proj.weight", (width, heads * head_dim)).T.reshape(heads, head_dim, width)
-    block_attn["out"] = {"kernel": np.ascontiguousarray(out)}
+    out = attn(f"{names['out']}.weight", (width, heads * head_dim)).T
+    block_attn["out"] = {"kernel": np.ascontiguousarray(out.reshape(heads, head_dim, width))}
     mlp_dim = options["mlp_dim"]
-    mlp = lambda name, shape, prefix=prefix: take(f"{prefix}mlp.{name}_proj.weight", shape).T
+    mlp = lambda name, shape, prefix=prefix: take(f"{prefix}{names[name]}.weight", shape).T
     blocks.append(
       {
         "attn": jax.tree.map(np.ascontiguousarray, block_attn),
-        "attn_norm": {"scale": take(f"{prefix}input_layernorm.weight", (width,))},
-        "mlp_norm": {"scale": take(f"{prefix}post_attention_layernorm.weight", (width,))},
+        "attn_norm": {"scale": take(f"{prefix}{names['attn_norm']}.weight", (width,))},
+        "mlp_norm": {"scale": take(f"{prefix}{names['mlp_norm']}.weight", (width,))},
         "mlp": {
           name: {"kernel": np.ascontiguousarray(mlp(name, shape))}
           for name, shape in (
@@ -226,21 +377,24 @@ def to_md4jax(tensors: dict, options: dict, scan_layers: bool = False, vocab_siz
   return params
 
 
-def from_md4jax(params: dict, options: dict, dtype) -> dict:
-  """Hugging Face tensors {name: numpy array of `dtype`} from md4jax params (numpy), the mask row
-  dropped; no lm_head.weight with tied embeddings (as save_pretrained writes them)."""
+def from_md4jax(params: dict, options: dict, dtype, model_type: str = "llama") -> dict:
+  """Hugging Face tensors {name: numpy array of `dtype`} named as model_type's, from md4jax params
+  (numpy): the mask row dropped (or, with a checkpoint mask id, written to that id's row); no
+  head with tied embeddings (as save_pretrained writes them)."""
+  names = tensor_names(model_type)
   params = jax.tree.map(np.asarray, params)
   width, heads, kv_heads, _ = _dims(options)
   flat = lambda kernel: np.ascontiguousarray(kernel.reshape(width, -1).T)
   embedding = params["embed"]["embedding"]
-  tensors = {
-    "model.embed_tokens.weight": embedding[: embedding.shape[0] - 1],
-    "model.norm.weight": params["final_norm"]["scale"],
-  }
+  tokens = embedding[: embedding.shape[0] - 1]
+  if options["checkpoint_mask_id"] >= 0:  # The mask's input is row V: fine-tuning moved it.
+    tokens = tokens.copy()
+    tokens[options["checkpoint_mask_id"]] = embedding[-1]
+  tensors = {names["embed"]: tokens, names["final_norm"]: params["final_norm"]["scale"]}
   if not options["tie_embeddings"]:
-    tensors["lm_head.weight"] = params["logits"]["kernel"].T
+    tensors[names["head"]] = params["logits"]["kernel"].T
   for i, block in enumerate(_layers(params, options["num_layers"])):
-    prefix = f"model.layers.{i}."
+    prefix = names["layer"].format(i=i)
     attn = block["attn"]
     if kv_heads == heads:
       kernels = [attn["qkv"]["kernel"][:, j] for j in range(3)]
@@ -249,14 +403,14 @@ def from_md4jax(params: dict, options: dict, dtype) -> dict:
       kernels = [attn["q"]["kernel"], attn["kv"]["kernel"][:, 0], attn["kv"]["kernel"][:, 1]]
       biases = [attn["q"]["bias"], *attn["kv"]["bias"]] if options["qkv_bias"] else None
     for j, name in enumerate("qkv"):
-      tensors[f"{prefix}self_attn.{name}_proj.weight"] = flat(kernels[j])
+      tensors[f"{prefix}{names[name]}.weight"] = flat(kernels[j])
       if biases is not None:
-        tensors[f"{prefix}self_attn.{name}_proj.bias"] = biases[j].reshape(-1)
-    tensors[f"{prefix}self_attn.o_proj.weight"] = attn["out"]["kernel"].reshape(-1, width).T
-    tensors[f"{prefix}input_layernorm.weight"] = block["attn_norm"]["scale"]
-    tensors[f"{prefix}post_attention_layernorm.weight"] = block["mlp_norm"]["scale"]
+        tensors[f"{prefix}{names[name]}.bias"] = biases[j].reshape(-1)
+    tensors[f"{prefix}{names['out']}.weight"] = attn["out"]["kernel"].reshape(-1, width).T
+    tensors[f"{prefix}{names['attn_norm']}.weight"] = block["attn_norm"]["scale"]
+    tensors[f"{prefix}{names['mlp_norm']}.weight"] = block["mlp_norm"]["scale"]
     for name in ("gate", "up", "down"):
-      tensors[f"{prefix}mlp.{name}_proj.weight"] = block["mlp"][name]["kernel"].T
+      tensors[f"{prefix}{names[name]}.weight"] = block["mlp"][name]["kernel"].T
   return {name: np.ascontiguousarray(value).astype(dtype) for name, value in tensors.items()}
 
 
@@ -266,29 +420,56 @@ def hf_config(options: dict, dtype_name: str, max_positions: int, base: dict = N
   biases, else Llama) whose context is max_positions."""
   config = dict(base) if base else {"max_position_embeddings": max_positions}
   model_type = config["model_type"] if base else "qwen2" if options["qkv_bias"] else "llama"
-  if options["qkv_bias"] != (model_type == "qwen2"):
+  if options["qkv_bias"] != (model_type in ("qwen2", "Dream")):
     raise ValueError(
       f"A {model_type} model {'has no' if options['qkv_bias'] else 'has'} q/k/v biases: this "
       f"one has model.qkv_bias={options['qkv_bias']}."
     )
+  if (options["checkpoint_mask_id"] >= 0) != (model_type in DIFFUSION_TYPES):
+    raise ValueError(
+      f"A {model_type} checkpoint {'has' if model_type in DIFFUSION_TYPES else 'has no'} a mask "
+      f"id of its own: this model has model.checkpoint_mask_id={options['checkpoint_mask_id']}."
+    )
+  if options["shift_logits"] != (model_type == "Dream"):
+    raise ValueError(
+      f"Only Dream's logits are shifted: this {model_type} model has model.shift_logits="
+      f"{options['shift_logits']}."
+    )
   heads = options["num_heads"]
-  config.update(
-    architectures=[ARCHITECTURES[model_type]],
-    model_type=model_type,
-    hidden_size=options["model_dim"],
-    intermediate_size=options["mlp_dim"],
-    num_hidden_layers=options["num_layers"],
-    num_attention_heads=heads,
-    num_key_value_heads=options["num_kv_heads"] or heads,
-    head_dim=options["model_dim"] // heads,
-    vocab_size=options["vocab_size"],
-    rms_norm_eps=options["norm_eps"],
-    tie_word_embeddings=options["tie_embeddings"],
-    hidden_act="silu",
-  )
-  if config.get("rope_parameters"):  # transformers 5's form; 4's reads rope_theta.
-    config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": options["rope_base"]}
+  if model_type == "llada":
+    config.update(
+      d_model=options["model_dim"],
+      n_heads=heads,
+      n_kv_heads=options["num_kv_heads"] or heads,
+      n_layers=options["num_layers"],
+      mlp_hidden_size=options["mlp_dim"],
+      vocab_size=options["vocab_size"],
+      embedding_size=options["vocab_size"],
+      rms_norm_eps=options["norm_eps"],
+      rope_theta=options["rope_base"],
+      weight_tying=options["tie_embeddings"],
+      mask_token_id=options["checkpoint_mask_id"],
+    )
   else:
-    config.update(rope_theta=options["rope_base"], rope_scaling=None)
+    config.update(
+      architectures=[ARCHITECTURES[model_type]],
+      model_type=model_type,
+      hidden_size=options["model_dim"],
+      intermediate_size=options["mlp_dim"],
+      num_hidden_layers=options["num_layers"],
+      num_attention_heads=heads,
+      num_key_value_heads=options["num_kv_heads"] or heads,
+      head_dim=options["model_dim"] // heads,
+      vocab_size=options["vocab_size"],
+      rms_norm_eps=options["norm_eps"],
+      tie_word_embeddings=options["tie_embeddings"],
+      hidden_act="silu",
+    )
+    if model_type == "Dream":
+      config["mask_token_id"] = options["checkpoint_mask_id"]
+    if config.get("rope_parameters"):  # transformers 5's form; 4's reads rope_theta.
+      config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": options["rope_base"]}
+    else:
+      config.update(rope_theta=options["rope_base"], rope_scaling=None)
   config["dtype" if "dtype" in config else "torch_dtype"] = dtype_name
   return config

@@ -172,6 +172,13 @@ class Transformer(nn.Module):
   # The logits read the embedding's first V rows (the mask row V is an input only) instead of a
   # logits layer of their own (Llama's and Qwen2's tie_word_embeddings).
   tie_embeddings: bool = False
+  # A released dLLM's own mask id inside the vocabulary (LLaDA's 126336, Dream's 151666): its
+  # logit is -inf, so the mask is never predicted (the mask input is row V, a copy of its row).
+  checkpoint_mask_id: int = -1
+  # Dream's logits: position i's are the last layer's output at position i − 1 (position 0 keeps
+  # its own), so each position predicts the token after the one it reads, as the AR model it was
+  # adapted from did.
+  shift_logits: bool = False
 
   def _check_config(self, alpha):
     check_network(
@@ -296,6 +303,8 @@ class Transformer(nn.Module):
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
     chex.assert_type(tokens, int, custom_message="Transformer: tokens must be integer ids")
     length = tokens.shape[1]
+    if cache is not None and self.shift_logits:
+      raise ValueError("shift_logits reads the position before each one: no cached block calls")
     if cache is not None and (clean is not None or segment_ids is not None or positions is None):
       raise ValueError("cache takes one block with its positions, without clean or segment_ids")
     block_layout = () if cache is not None else self._block_layout(length, clean)
@@ -420,6 +429,10 @@ class Transformer(nn.Module):
         kernel_init=logical_init(output_init, ("embed", "vocab")),
         name="logits",
       )(x)
+    if self.checkpoint_mask_id >= 0:
+      logits = logits.at[..., self.checkpoint_mask_id].set(-jnp.inf)
+    if self.shift_logits:
+      logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
     logits = constrain(logits, ("batch", "length", "vocab"))
     return logits if cache is None else (logits, {"k": new_kv[0], "v": new_kv[1]})

@@ -60,6 +60,8 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
     qkv_bias=m.qkv_bias,
     tie_embeddings=m.tie_embeddings,
     rope_base=m.rope_base,
+    checkpoint_mask_id=m.checkpoint_mask_id,
+    shift_logits=m.shift_logits,
   )
 
 
