@@ -644,7 +644,7 @@ def test_draws_replay_given_times_and_masks():
   np.testing.assert_allclose(
     nats, counts * np.log(VOCAB) / np.asarray([0.05, 0.3, 0.6, 0.9]), rtol=1e-6
   )
-  for bad in (dict(estimator="mask_count"), dict(num_steps=10)):
+  for bad in (dict(estimator="forced_target"), dict(num_steps=10)):
     with pytest.raises(ValueError, match="draws replay"):
       bounds.nelbo(
         jax.random.PRNGKey(4),

@@ -146,7 +146,9 @@ def nelbo(
       constant reconstruction term, no prior term; see the module docstring).
     draws: {"t": [B] float, "masked": [B, L] bool}: the times and masked positions to
       use instead of drawing them (replaying another implementation's corruptions);
-      standard estimator, continuous time, mask-rate schedules only. With block_size < L,
+      standard or mask_count estimator (whose "t" is the mask rate λ: LLaDA's Monte-Carlo
+      likelihood replays as mask_count), continuous time, mask-rate schedules only. With
+      block_size < L,
       "t" is [B, K], each block's time (`md4jax.diffusion.blocks.draws`).
     block_size: b, dividing L (None or L: the whole sequence is one block). Block
       diffusion's bound (BD3-LM): Σ_blocks of the bound of the block given the clean blocks
@@ -186,10 +188,10 @@ def nelbo(
       f"Unknown endpoint_terms {endpoint_terms!r}; valid: {', '.join(ENDPOINT_TERMS)}."
     )
   if draws is not None and (
-    estimator != "standard" or num_steps is not None or schedule.state_dependent
+    estimator not in ("standard", "mask_count") or num_steps is not None or schedule.state_dependent
   ):
     raise ValueError(
-      "draws replay the standard continuous-time estimator of a mask-rate schedule; "
+      "draws replay the standard or mask_count continuous-time estimator of a mask-rate schedule; "
       f"got estimator={estimator!r}, num_steps={num_steps!r}, schedule {schedule.name!r}."
     )
   if mask_rates is not None and (
@@ -262,7 +264,10 @@ def nelbo(
     )
   time_arg = time_argument(schedule, time_input)
   if estimator == "mask_count":
-    return mask_count_term(main_key, denoise_fn, x, u, editable, time_arg=time_arg, **kwargs)
+    masked = None if draws is None else draws["masked"].astype(bool)
+    return mask_count_term(
+      main_key, denoise_fn, x, u, editable, time_arg=time_arg, masked=masked, **kwargs
+    )
   kwargs["estimator"] = estimator
   if num_steps is None:
     total = continuous_loss_at(

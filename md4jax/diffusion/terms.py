@@ -159,7 +159,9 @@ def endpoint_term(
   )
 
 
-def mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alpha_itself):
+def mask_count_term(
+  key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alpha_itself, masked=None
+):
   """∫_0^1 h dλ with λ integrated out given the mask count k (bounded variance).
 
   Under λ ~ U(0, 1) the number k of masked editable positions is uniform on
@@ -167,8 +169,17 @@ def mask_count_term(key, denoise_fn, x, u, editable, *, mask_id, time_arg=_alpha
   Beta(k, n − k + 1): the k-th smallest of the n uniforms that choose the set.
   Hence ∫ h dλ = E_{k ~ U{1..n}} [(n/k) Σ_{masked} CE(z, α = 1 − λ)], exact for
   any denoiser of (z, α), and with no 1/λ weight left.
+
+  masked [B, L] bool replays a draw: its masked set (k its size) at mask rate λ = u, as LLaDA's
+  Monte-Carlo likelihood draws them (k uniform, λ = k / n: exact for a time-free denoiser).
   """
   n_editable = editable.sum(-1)
+  if masked is not None:
+    masked = masked & editable
+    z = jnp.where(masked, mask_id, x).astype(x.dtype)
+    ce = masked_cross_entropy(denoise_fn(z, time_arg(1.0 - u)), x, z, mask_id=mask_id)
+    num_masked = jnp.maximum(masked.sum(-1), 1)
+    return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)
   num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
   scores = jnp.where(editable, masking.uniform(key, x.shape), 2.0)  # Non-editable sort last.
   order = jnp.argsort(scores, axis=-1)

@@ -1,0 +1,202 @@
+"""The released diffusion LMs, LLaDA and Dream: converted (md4jax.convert), against their own code.
+
+The golden folders (tests/golden/make_dllm_golden.py, run with their modeling code, torch and
+transformers, which this test does not need) hold tiny random models of each: LLaDA's OLMo-named
+bidirectional blocks in float32, Dream's Qwen2 blocks with biases and shifted logits in bfloat16,
+each with its own mask id (126) inside a 128-token vocabulary, a tokenizer and a chat template,
+and the outputs of their code: logits, generations and LLaDA's Monte-Carlo likelihood.
+
+md4jax never predicts the mask (its logit is −inf); their code can. The golden generations and
+likelihoods were taken with the mask's logit removed as well, so they compare like with like; the
+raw logits are compared on every other column.
+"""
+
+import json
+import pathlib
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from md4jax import config as config_lib
+from md4jax import convert
+from md4jax.app import hf as hf_lib
+from md4jax.app import load
+from md4jax.data import chat
+from md4jax.model import hf_folder
+
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
+MODELS = ("llada", "dream")
+
+
+def converted(tmp_path, name):
+  """md4jax.load of the golden folder converted into a workdir."""
+  convert.import_hf(GOLDEN / name, tmp_path / name)
+  return load.load(tmp_path / name)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_converted_logits_equal_their_code(tmp_path, name):
+  loaded = converted(tmp_path, name)
+  config = loaded.config
+  vocab, mask_id = config.data.vocab_size, config.model.checkpoint_mask_id
+  assert (vocab, mask_id, config.model.type) == (128, 126, "mdm")
+  assert config.model.shift_logits == (name == "dream")
+  golden = np.load(GOLDEN / name / "logits.npz")
+  ids = golden["token_ids"]
+  assert (ids == mask_id).any()  # Their mask id is md4jax's mask input V.
+  z = jnp.asarray(np.where(ids == mask_id, vocab, ids))
+  logits = np.asarray(loaded.model.apply({"params": loaded.params}, z))
+  expected = golden["logits"]
+  if name == "dream":  # Dream's generation reads position i's logits at i − 1.
+    expected = np.concatenate([expected[:, :1], expected[:, :-1]], axis=1)
+  others = np.arange(vocab) != mask_id
+  # Measured: 2.5e-6 (LLaDA) and 1.9e-6 (Dream) of logits up to 2.9.
+  scale = np.abs(expected).max()
+  np.testing.assert_allclose(logits[..., others], expected[..., others], atol=1e-5 * scale)
+  assert np.all(logits[..., mask_id] == -np.inf)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_export_writes_their_folder_back(tmp_path, name):
+  convert.import_hf(GOLDEN / name, tmp_path / "workdir")
+  hf = convert.export_hf(tmp_path / "workdir", tmp_path / "out", log=lambda _: None)
+  original = hf_folder.read_weights(GOLDEN / name)
+  written = hf_folder.read_weights(tmp_path / "out")
+  assert sorted(written) == sorted(original)
+  for tensor in original:
+    assert written[tensor].dtype == original[tensor].dtype
+    np.testing.assert_array_equal(written[tensor], original[tensor], err_msg=tensor)
+  saved = json.loads((GOLDEN / name / "config.json").read_text())
+  assert {k: v for k, v in hf.items() if k in saved} == saved
+  for kept in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    assert (tmp_path / "out" / kept).read_bytes() == (GOLDEN / name / kept).read_bytes()
+
+
+def test_the_trained_mask_row_is_exported_at_the_mask_id(tmp_path):
+  """Fine-tuning moves md4jax's mask input (row V); export writes it to the checkpoint's id."""
+  options = hf_lib.hf_params.model_options(hf_folder.read_config(GOLDEN / "llada"))
+  tensors = hf_folder.read_weights(GOLDEN / "llada")
+  params = hf_lib.hf_params.to_md4jax(dict(tensors), options, model_type="llada")
+  embedding = params["embed"]["embedding"]
+  np.testing.assert_array_equal(embedding[-1], embedding[126])
+  embedding[-1] += 1.0
+  back = hf_lib.hf_params.from_md4jax(params, options, np.float32, "llada")
+  exported = back["model.transformer.wte.weight"]
+  np.testing.assert_array_equal(exported[126], embedding[-1])
+  np.testing.assert_array_equal(exported[:126], tensors["model.transformer.wte.weight"][:126])
+
+
+def _copy(name, tmp_path) -> pathlib.Path:
+  folder = tmp_path / f"bad_{name}"
+  shutil.copytree(GOLDEN / name, folder)
+  return folder
+
+
+def _missing_shard(tmp_path):
+  folder = _copy("llada", tmp_path)
+  index = {"metadata": {}, "weight_map": {"model.transformer.wte.weight": "model.safetensors"}}
+  index["weight_map"]["model.transformer.ln_f.weight"] = "model-00002-of-00002.safetensors"
+  (folder / hf_folder.INDEX_FILE).write_text(json.dumps(index))
+  return folder
+
+
+def _wrong_mask_id(tmp_path):
+  folder = _copy("llada", tmp_path)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**config, "mask_token_id": 125}))
+  return folder
+
+
+def _no_tokenizer(tmp_path):
+  folder = _copy("dream", tmp_path)
+  (folder / "tokenizer.json").unlink()
+  return folder
+
+
+def _gpt2(tmp_path):
+  folder = _copy("dream", tmp_path)
+  (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+  return folder
+
+
+@pytest.mark.parametrize(
+  "make, message",
+  [
+    (_missing_shard, "lists 1 shard(s) that are not there: model-00002-of-00002.safetensors"),
+    (_wrong_mask_id, "mask_token_id is 125, but its tokenizer has <|mdm_mask|> at id 126"),
+    (_no_tokenizer, "has no tokenizer.json: a Dream folder needs its tokenizer"),
+    (_gpt2, "model_type 'gpt2' is not supported; md4jax converts llama, qwen2, llada, Dream"),
+  ],
+)
+def test_bad_folders_are_named_and_nothing_is_written(tmp_path, make, message):
+  folder = make(tmp_path)
+  out = tmp_path / "out"
+  with pytest.raises((ValueError, FileNotFoundError)) as raised:
+    convert.import_hf(folder, out)
+  assert message in str(raised.value) and "\n" not in str(raised.value)
+  assert not out.exists() or not any(out.rglob("*"))
+
+
+def test_a_dllm_is_a_masked_diffusion_model_only():
+  with pytest.raises(ValueError, match="must be 'mdm', not 'ar'"):
+    hf_lib.folder_config(GOLDEN / "llada", model_type="ar")
+
+
+@pytest.mark.parametrize(
+  "name, expected",
+  [
+    (
+      "llada",
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
+    ("dream", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+  ],
+)
+def test_chat_template_renders_a_user_turn(name, expected):
+  config, _ = hf_lib.folder_config(GOLDEN / name)
+  text = chat.apply(config.data.chat_template, "Hi")
+  assert text.endswith(expected)
+  tokenizer = hf_lib.tokenizer_lib.load(GOLDEN / name / "tokenizer.json")
+  assert tokenizer.decode(tokenizer.encode(text)) == text  # Special tokens are one id each.
+
+
+def test_chat_needs_a_template():
+  config = config_lib.base_config()
+  config.sample.chat = True
+  with pytest.raises(ValueError, match="data.chat_template, which is empty"):
+    config_lib.validate_config(config, 1, "cpu")
+
+
+@pytest.mark.parametrize("suppressed", [True, False])
+def test_lladas_monte_carlo_likelihood_is_the_mask_count_nelbo(tmp_path, suppressed):
+  """LLaDA's get_log_likelihood draws k ~ U{1..n} answer positions to mask and weighs their
+  cross-entropy by n / k: md4jax's mask_count estimator. Replayed on its own draws (their masks,
+  λ = k / n), md4jax's NELBO draws equal its losses; with the mask's logit kept (a network
+  without checkpoint_mask_id, as LLaDA's code scores), and with it removed (as md4jax scores)."""
+  from md4jax import nelbo  # pylint: disable=g-import-not-at-top
+  from md4jax.diffusion import schedules  # pylint: disable=g-import-not-at-top
+
+  loaded = converted(tmp_path, "llada")
+  golden = np.load(GOLDEN / "llada" / "likelihood.npz")
+  model = loaded.model if suppressed else loaded.model.clone(checkpoint_mask_id=-1)
+  vocab = loaded.config.data.vocab_size
+  x = np.concatenate([golden["prompt"], golden["answer"]])[None].repeat(len(golden["masks"]), 0)
+  editable = np.arange(x.shape[1]) >= len(golden["prompt"])
+  per_draw = nelbo(
+    jnp.zeros((2,), jnp.uint32),
+    lambda z, alpha: model.apply({"params": loaded.params}, z),
+    jnp.asarray(x),
+    schedules.get_schedule("linear"),
+    mask_id=vocab,
+    editable=jnp.asarray(np.broadcast_to(editable, x.shape)),
+    estimator="mask_count",
+    draws={"t": jnp.asarray(golden["p_mask"]), "masked": jnp.asarray(golden["masks"])},
+  )
+  per_draw = np.asarray(per_draw)
+  suffix = "" if suppressed else "_raw"
+  batches = per_draw.reshape(-1, int(golden["batch_size"])).mean(1)  # Their loss per batch.
+  np.testing.assert_allclose(batches, golden["losses" + suffix], rtol=2e-5)
+  np.testing.assert_allclose(-per_draw.mean(), golden["log_likelihood" + suffix], rtol=2e-5)
