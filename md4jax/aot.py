@@ -2,7 +2,8 @@ r"""Compiles a config's train step, eval step and one sampler step for a TPU top
 
   pip install -e ".[tpu]"
   JAX_PLATFORMS=cpu python -m md4jax.aot --config=configs/owt.py --topology=v5e:4x4 \
-      [--config.mesh.fsdp=16 --config.mesh.data=1 ...]
+      [--config.mesh.fsdp=16 --config.mesh.data=1 ...] [--programs=train,eval,sampler] \
+      [--count_flops=false]
 
 libtpu's compiler builds the real sharded programs for the named slice
 (`jax.experimental.topologies`), so whether a config fits, and how fast it
@@ -21,6 +22,19 @@ could run, is known before any TPU is rented. Prints one JSON object:
 with the memory breakdown and the eval and sampler steps beside them. A
 config that does not fit prints "fits": false with what it needs (the bytes
 the compiler reports when it refuses the program) and exits 0.
+
+--programs picks which of the three are compiled (an 8B program takes minutes
+each); without the train step, "fits" is whether every compiled program fits.
+Each program's entry carries its own fits, bytes_per_chip and compile_seconds;
+the sampler's also model_flops and step_seconds_at_mfu (one forward pass).
+
+The sampler step follows config.sample.cache: "none" is one network call on
+eval.batch_size rows of seq_len tokens; "prefix" and "dual" (Fast-dLLM's caches,
+`md4jax.sampling.decoder`) report two programs, "sampler_step" (one call on a
+block of sample.block_length tokens reading the keys and values of the seq_len
+cached positions) and "sampler_refresh" (the call on the whole sequence that
+writes them, once per block). --count_flops=false skips the train step's
+loop-free FLOP count (two more compiles).
 """
 
 import json
@@ -38,6 +52,7 @@ from ml_collections import config_flags
 from md4jax import config as config_lib
 from md4jax import user_errors
 from md4jax.data import sources
+from md4jax.diffusion import denoiser as denoiser_lib
 from md4jax.evaluation import evaluate
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
@@ -51,7 +66,19 @@ _CONFIG = config_flags.DEFINE_config_file(
 _TOPOLOGY = flags.DEFINE_string(
   "topology", "v5e:2x2", "TPU slice, e.g. v5e:4x4, v5p:2x2x2, v6e:16x16."
 )
+_PROGRAMS = flags.DEFINE_list(
+  "programs",
+  "train,eval,sampler",
+  "The programs to compile, any of train, eval, sampler (the sampler's follows sample.cache).",
+)
+_COUNT_FLOPS = flags.DEFINE_bool(
+  "count_flops",
+  True,
+  "Count the train step's FLOPs on loop-free compiles (flops_ratio; two more compiles).",
+)
 flags.mark_flags_as_required(["config"])
+
+PROGRAMS = ("train", "eval", "sampler")
 
 # Per chip: HBM bytes and peak dense bfloat16 FLOP/s (Cloud TPU documentation).
 CHIPS = {
@@ -160,7 +187,8 @@ def _train_flops(config, devices) -> float:
   the FLOPs are counted on loop-free compiles of the same step: data parallel,
   one row per device, unrolled at 1 and 2 layers, extrapolated linearly to
   model.num_layers (identical layers) and scaled to the global batch (the
-  optimizer's per-parameter FLOPs, under 0.1% of a step, scale along).
+  optimizer's per-parameter FLOPs, under 0.1% of a step, scale along). None when
+  those compiles do not fit a chip (they hold whole params and optimizer state).
   """
   flops = []
   for num_layers in (1, 2):
@@ -169,7 +197,10 @@ def _train_flops(config, devices) -> float:
     counted.mesh.data, counted.mesh.fsdp, counted.mesh.tensor = -1, 1, 1
     counted.batch_size, counted.training.grad_accum_steps = len(devices), 1
     mesh = sharding.make_mesh(counted, devices)
-    flops.append(compiled_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
+    try:
+      flops.append(compiled_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
+    except DoesNotFit:  # Whole params per chip: an 8B model's do not fit one.
+      return None
   per_row = (flops[0] + (config.model.num_layers - 1) * (flops[1] - flops[0])) / len(devices)
   return per_row * config.batch_size
 
@@ -214,25 +245,126 @@ def _block_sampler_call(config, model, mesh):
   return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))
 
 
-def model_flops_per_step(config, model) -> float:
-  """3 × the forward FLOPs of a step's tokens (`flops_per_token`); block diffusion's forward
-  reads 2L tokens (z_t ⊕ x, attention over 2L) and computes logits for the first L only."""
-  m, seq_len = config.model, config.data.seq_len
-  streams = 2 if model.block_size else 1
-  per_token = model_lib.flops_per_token(
-    m.num_layers, m.model_dim, m.mlp_dim, streams * seq_len, config.data.vocab_size
+def _kv_sharding(config, mesh):
+  """Cached keys or values [N, rows, C, Hkv, Dh]: rows over the batch axes, heads over tensor."""
+  kv_heads = config.model.num_kv_heads or config.model.num_heads
+  heads = "tensor" if kv_heads % mesh.shape["tensor"] == 0 else None
+  return jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES, None, heads, None)
   )
-  logits = 2 * m.model_dim * config.data.vocab_size  # Per token, of the noisy stream alone.
+
+
+def fast_dllm_calls(config, model, mesh) -> dict:
+  """sample.cache "prefix" or "dual" (`decoder._block`): {"sampler_step": (the call of one block
+  of sample.block_length tokens reading the cached keys and values of all seq_len positions,
+  its abstract arguments after params), "sampler_refresh": (the call on the whole sequence
+  that writes them, its arguments)}, on eval.batch_size rows."""
+  rows, length, block = config.eval.batch_size, config.data.seq_len, config.sample.block_length
+  layout = denoiser_lib.Denoiser.of_network(model, None).cache_layout
+  kv = _kv_sharding(config, mesh)
+  cached = jax.ShapeDtypeStruct(layout.shape(rows, length), layout.dtype, sharding=kv)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+  clean = jnp.ones((rows,), jnp.float32)  # The refresh reads the tokens as they stand.
+  start = length - block  # The last block: every block's call costs the same.
+
+  def block_call(params, key, k, v):
+    denoiser = objective.sampling_denoiser(model, params, config)
+    tokens = jax.random.randint(key, (rows, block), 0, config.data.vocab_size)
+    columns = jnp.arange(length)
+    inside = (columns >= start) & (columns < start + block)
+    valid = columns < start if config.sample.cache == "prefix" else ~inside
+    positions = jnp.broadcast_to(start + jnp.arange(block), (rows, block))
+    with sharding.activation_rules(mesh):
+      logits, _ = denoiser.block_call(tokens, clean, positions, {"k": k, "v": v, "valid": valid})
+    return jnp.argmax(logits, axis=-1)
+
+  def refresh(params, key):
+    denoiser = objective.sampling_denoiser(model, params, config)
+    tokens = jax.random.randint(key, (rows, length), 0, config.data.vocab_size + 1)
+    everywhere = jnp.broadcast_to(jnp.arange(length), (rows, length))
+    with sharding.activation_rules(mesh):
+      _, written = denoiser.block_call(tokens, clean, everywhere, layout.empty(rows, 0))
+    return written["k"], written["v"]
+
+  batch = sharding.batch_sharding(mesh)
+  return {
+    "sampler_step": (jax.jit(block_call, out_shardings=batch), (key, cached, cached)),
+    "sampler_refresh": (jax.jit(refresh, out_shardings=(kv, kv)), (key,)),
+  }
+
+
+def _forward_flops_per_token(config, keys: int, logits: bool = True) -> float:
+  """`flops_per_token` of a token reading `keys` positions, its attention projections at
+  model.num_kv_heads (grouped-query attention projects fewer keys and values), without the
+  logits layer when logits is False."""
+  m, vocab = config.model, config.data.vocab_size
+  head_dim = m.model_dim // m.num_heads
+  kv_width = (m.num_kv_heads or m.num_heads) * head_dim
+  flops = model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, keys, vocab)
+  flops -= 2 * m.num_layers * 2 * m.model_dim * (m.model_dim - kv_width)  # k and v: D x kv_width.
+  return flops - (0 if logits else 2 * m.model_dim * vocab)
+
+
+def model_flops_per_step(config, model) -> float:
+  """3 × the forward FLOPs of a step's tokens (`flops_per_token`, its key and value projections
+  at model.num_kv_heads); block diffusion's forward reads 2L tokens (z_t ⊕ x, attention over 2L)
+  and computes logits for the first L only."""
+  seq_len = config.data.seq_len
+  streams = 2 if model.block_size else 1
+  per_token = _forward_flops_per_token(config, streams * seq_len)
+  logits = 2 * config.model.model_dim * config.data.vocab_size  # Per token, of the noisy stream.
   forward = streams * seq_len * per_token - (streams - 1) * seq_len * logits
   return 3 * forward * config.batch_size
 
 
-def analyze(config, topology: str) -> dict:
-  """The AOT report of `config` on TPU slice `topology` (see the module docstring)."""
+def sampler_flops(config, model, program: str) -> float:
+  """The forward FLOPs of a sampler program on eval.batch_size rows (the formula's, as training's):
+  "sampler_step" one call (cache "none": seq_len tokens; block diffusion: a block reading the
+  seq_len − b cached positions; prefix/dual: sample.block_length tokens reading seq_len cached
+  ones), "sampler_refresh" the seq_len tokens' keys and values (no logits)."""
+  rows, length = config.eval.batch_size, config.data.seq_len
+  if program == "sampler_refresh":
+    return rows * length * _forward_flops_per_token(config, length, logits=False)
+  if model.block_size:
+    return rows * model.block_size * _forward_flops_per_token(config, length)
+  if config.sample.cache in ("prefix", "dual"):
+    block = config.sample.block_length
+    return rows * block * _forward_flops_per_token(config, length + block)
+  return rows * length * _forward_flops_per_token(config, length)
+
+
+def _call_tokens(config, model, program: str) -> int:
+  """Tokens per row the sampler program's network call computes."""
+  if model.block_size:
+    return model.block_size
+  if program == "sampler_step" and config.sample.cache in ("prefix", "dual"):
+    return config.sample.block_length
+  return config.data.seq_len
+
+
+def _program_report(compile_fn, num_devices: int, hbm_bytes: int) -> tuple:
+  """(compiled program or None, its summary with "fits"; a refused one: its required bytes)."""
+  try:
+    compiled, seconds = compile_fn()
+  except DoesNotFit as e:
+    return None, {"fits": False, "bytes_per_chip": e.required_bytes, "compile_error": str(e)}
+  summary = _summary(compiled, seconds, num_devices)
+  return compiled, {"fits": summary["bytes_per_chip"] <= hbm_bytes, **summary}
+
+
+def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) -> dict:
+  """The AOT report of `config` on TPU slice `topology` (see the module docstring): the
+  `programs` named (of PROGRAMS), the train step's FLOPs counted when count_flops."""
+  unknown = sorted(set(programs) - set(PROGRAMS))
+  if unknown or not programs:
+    raise ValueError(f"--programs takes some of {', '.join(PROGRAMS)}; got {list(programs)}.")
   config = config_lib.expand_preset(config)
   devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
   specs = chip_specs(devices)
   mesh = sharding.make_mesh(config, devices)
+  if not config.data.path:  # Compiling reads no data: a preset may leave the path to the run.
+    config = config.copy_and_resolve_references()
+    config.data.path = "<data.path: read by a run only>"
   config_lib.validate_config(config, len(devices), "tpu")
   if not config.data.vocab_size:
     raise ValueError(
@@ -242,6 +374,9 @@ def analyze(config, topology: str) -> dict:
   model = state_lib.build_model(config)
   seq_len = config.data.seq_len
   model_flops = model_flops_per_step(config, model)
+  hbm = specs["hbm_bytes"]
+  peak = specs["peak_bf16_flops"] * len(devices)
+  at_mfu = lambda flops: {"100%": flops / peak, "50%": flops / (0.5 * peak)}
   where = {
     "topology": topology,
     "chips": len(devices) // specs["devices_per_chip"],
@@ -252,58 +387,83 @@ def analyze(config, topology: str) -> dict:
     "global_batch": config.batch_size,
     "seq_len": seq_len,
     "model_flops_per_step": model_flops,
+    "programs": list(programs),
   }
-  try:
-    train_compiled, train_seconds, abstract = _train_step_compiled(config, mesh)
-  except DoesNotFit as e:
-    return {
-      "fits": False,
-      "bytes_per_chip": e.required_bytes,
-      "hbm_bytes_per_chip": specs["hbm_bytes"],
-      "compile_error": str(e),
-      **where,
-    }
-  eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
+  optimizer = state_lib.make_optimizer(config)
+  abstract = state_lib.abstract_state(config, model, optimizer, mesh)
+  report = {"hbm_bytes_per_chip": hbm}
+  if "train" in programs:
+    try:
+      train_compiled, train_seconds, abstract = _train_step_compiled(config, mesh)
+    except DoesNotFit as e:
+      return {
+        "fits": False,
+        "bytes_per_chip": e.required_bytes,
+        "hbm_bytes_per_chip": hbm,
+        "compile_error": str(e),
+        **where,
+      }
+    train_summary = _summary(train_compiled, train_seconds, len(devices))
+    report.update(
+      fits=train_summary["bytes_per_chip"] <= hbm,
+      bytes_per_chip=train_summary["bytes_per_chip"],
+      hbm_bytes_per_chip=hbm,
+    )
+    if count_flops:
+      train_summary["flops_all_chips"] = _train_flops(config, devices)
+      train_summary["flops_counted"] = (
+        "loop-free compiles: data parallel, 1 row per device, 1 and 2 "
+        "layers unrolled; extrapolated to num_layers and the batch"
+        if train_summary["flops_all_chips"] is not None
+        else "not counted: the loop-free compiles (whole params on every chip) do not fit"
+      )
+      if train_summary["flops_all_chips"] is not None:
+        report["flops_ratio"] = train_summary["flops_all_chips"] / model_flops
+    report.update(
+      compile_seconds=train_summary["compile_seconds"], step_seconds_at_mfu=at_mfu(model_flops)
+    )
+  report.update(where)
+  report["params"] = sum(leaf.size for leaf in jax.tree.leaves(abstract.params))
+  report["flop_formula"] = (
+    "md4jax.aot.model_flops_per_step: 3 * flops_per_token * batch_size * "
+    "seq_len (block diffusion: over 2 seq_len tokens, logits for seq_len)"
+  )
+  if "train" in programs:
+    report["train_step"] = train_summary
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-  eval_compiled, eval_seconds = _compile(
-    eval_fn,
-    abstract.ema_params,
-    _abstract_batch(config, config.eval.batch_size, mesh, training=False),
-    key,
-  )
-  sampler_compiled, sampler_seconds = _compile(
-    sampler_step(config, model, mesh), abstract.ema_params, key
-  )
-
-  train_summary = _summary(train_compiled, train_seconds, len(devices))
-  train_summary["flops_all_chips"] = _train_flops(config, devices)
-  train_summary["flops_counted"] = (
-    "loop-free compiles: data parallel, 1 row per device, 1 and 2 "
-    "layers unrolled; extrapolated to num_layers and the batch"
-  )
-  peak = specs["peak_bf16_flops"] * len(devices)
-  return {
-    "fits": train_summary["bytes_per_chip"] <= specs["hbm_bytes"],
-    "bytes_per_chip": train_summary["bytes_per_chip"],
-    "hbm_bytes_per_chip": specs["hbm_bytes"],
-    "flops_ratio": train_summary["flops_all_chips"] / model_flops,
-    "compile_seconds": train_summary["compile_seconds"],
-    "step_seconds_at_mfu": {"100%": model_flops / peak, "50%": model_flops / (0.5 * peak)},
-    **where,
-    "params": sum(leaf.size for leaf in jax.tree.leaves(abstract.params)),
-    "flop_formula": "md4jax.aot.model_flops_per_step: 3 * flops_per_token * batch_size * "
-    "seq_len (block diffusion: over 2 seq_len tokens, logits for seq_len)",
-    "train_step": train_summary,
-    "eval_step": {
-      **_summary(eval_compiled, eval_seconds, len(devices)),
+  if "eval" in programs:
+    eval_fn = evaluate.make_eval_fn(config, model, mesh, with_profile=False)
+    batch = _abstract_batch(config, config.eval.batch_size, mesh, training=False)
+    _, summary = _program_report(
+      lambda: _compile(eval_fn, abstract.ema_params, batch, key), len(devices), hbm
+    )
+    report["eval_step"] = {
+      **summary,
       "rows": config.eval.batch_size,
       "mc_draws": config.eval.num_mc_samples,
-    },
-    "sampler_step": {
-      **_summary(sampler_compiled, sampler_seconds, len(devices)),
-      "rows": config.eval.batch_size,
-    },
-  }
+    }
+  if "sampler" in programs:
+    if config.sample.cache in ("prefix", "dual") and not model.block_size:
+      calls = fast_dllm_calls(config, model, mesh)
+    else:
+      calls = {"sampler_step": (sampler_step(config, model, mesh), (key,))}
+    for name, (fn, args) in calls.items():
+      _, summary = _program_report(
+        lambda fn=fn, args=args: _compile(fn, abstract.ema_params, *args), len(devices), hbm
+      )
+      flops = sampler_flops(config, model, name)
+      report[name] = {
+        **summary,
+        "rows": config.eval.batch_size,
+        "cache": "exact" if model.block_size else config.sample.cache,
+        "tokens": _call_tokens(config, model, name),
+        "model_flops": flops,
+        "step_seconds_at_mfu": at_mfu(flops),
+      }
+  if "train" not in programs:
+    compiled = ("eval_step", "sampler_step", "sampler_refresh")
+    report["fits"] = all(report[name]["fits"] for name in compiled if name in report)
+  return {"fits": report.pop("fits"), **report}
 
 
 def main(argv):
@@ -313,7 +473,7 @@ def main(argv):
   # TPU, so several of these (or one beside a test run) may share the machine.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   with user_errors.in_one_line("md4jax.aot", (ValueError,), flags.FLAGS["verbosity"].present):
-    report = analyze(_CONFIG.value, _TOPOLOGY.value)
+    report = analyze(_CONFIG.value, _TOPOLOGY.value, tuple(_PROGRAMS.value), _COUNT_FLOPS.value)
   print(json.dumps(report, indent=2))
 
 

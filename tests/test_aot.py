@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install -e '.[tpu]'")
@@ -89,3 +91,74 @@ def test_a_vocabulary_left_to_the_tokenizer_is_refused_in_one_line():
     "md4jax.aot: error: data.vocab_size=0 takes the tokenizer's size, which only a run reads: give "
     "it for the ahead-of-time check (--config.data.vocab_size=N)."
   ), result.stderr[-2000:]
+
+
+# A 1-layer model of each preset's kind (MHA for LLaDA; grouped-query attention with q/k/v biases
+# for Dream) on 256 tokens: compiles in seconds on any CPU machine.
+TINY = (
+  "--config.model.num_layers=1",
+  "--config.model.model_dim=64",
+  "--config.model.mlp_dim=128",
+  "--config.data.vocab_size=512",
+  "--config.model.checkpoint_mask_id=511",  # The released mask ids lie past a tiny vocabulary.
+  "--config.data.seq_len=256",
+  "--config.batch_size=4",
+  "--config.eval.batch_size=4",
+)
+TINY_HEADS = {
+  "llada": ("--config.model.num_heads=2",),
+  # Dream's shifted logits decode without a cache: its dual-cache programs price the shape only.
+  "dream": ("--config.model.num_heads=4", "--config.model.num_kv_heads=2"),
+}
+DUAL = {"llada": (), "dream": ("--config.model.shift_logits=false", "--config.sample.cache=dual")}
+
+
+@pytest.mark.parametrize(
+  "name, layers, width, kv_heads, params",
+  # The released checkpoints' parameter counts (LLaDA-8B's, Qwen2.5-7B's).
+  [("llada", 32, 4096, 32, 8_015_581_184), ("dream", 28, 3584, 4, 7_615_616_512)],
+)
+def test_the_dllm_presets_have_the_released_shapes_and_validate(
+  name, layers, width, kv_heads, params
+):
+  from md4jax import config as config_lib
+  from md4jax.training import state as state_lib
+
+  config = config_lib.load_config(name)
+  config.lock()
+  assert f"--config=configs/{name}.py" in (config_lib.CONFIG_DIR / f"{name}.py").read_text()
+  assert config.keys() == config_lib.base_config().keys()
+  m = config.model
+  assert (m.num_layers, m.model_dim, m.num_kv_heads or m.num_heads) == (layers, width, kv_heads)
+  assert (m.type, m.time_conditioning, config.data.seq_len) == ("mdm", "none", 4096)
+  with pytest.raises(ValueError, match="data.path"):  # A run names its JSONL pairs.
+    config_lib.validate_config(config, num_devices=4, platform="tpu")
+  config.data.path = "pairs.jsonl"
+  config_lib.validate_config(config, num_devices=4, platform="tpu")  # A v5p-8's 4 chips.
+  model = state_lib.build_model(config)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 128), jnp.int32), jnp.ones((1,)))
+  )
+  # Every released weight plus md4jax's mask row (one embedding row of width model_dim).
+  assert sum(leaf.size for leaf in jax.tree.leaves(shapes)) == params + width
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_a_tiny_preset_reports_both_sampler_caches_and_its_train_step(name):
+  flags = (f"--config=configs/{name}.py", "--topology=v5e:2x2", *TINY, *TINY_HEADS[name])
+  dual = aot(*flags, *DUAL[name], "--programs=sampler,train", "--count_flops=false")
+  none = aot(*flags, "--programs=sampler", "--config.sample.cache=none")
+  assert dual["fits"] and none["fits"] and "eval_step" not in dual and "train_step" not in none
+  assert dual["train_step"]["bytes_per_chip"] == dual["bytes_per_chip"] > 0
+  assert "flops_ratio" not in dual  # --count_flops=false: no loop-free compiles.
+  block, refresh, full = dual["sampler_step"], dual["sampler_refresh"], none["sampler_step"]
+  assert (block["cache"], block["tokens"], refresh["tokens"]) == ("dual", 32, 256)
+  assert (full["cache"], full["tokens"]) == ("none", 256)
+  for program in (block, refresh, full):
+    assert program["fits"] and 0 < program["bytes_per_chip"] <= dual["hbm_bytes_per_chip"]
+    assert program["step_seconds_at_mfu"]["50%"] == pytest.approx(
+      2 * program["step_seconds_at_mfu"]["100%"]
+    )
+  # A block of 32 reading 256 cached positions: about 32/256 of a full call's FLOPs.
+  assert 0.1 < block["model_flops"] / full["model_flops"] < 0.2
+  assert refresh["model_flops"] < full["model_flops"]  # The refresh computes no logits.
