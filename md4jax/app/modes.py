@@ -28,6 +28,7 @@ from md4jax.evaluation import evaluate
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import adaptation, checkpoint, preemption, train
+from md4jax.training import state as state_lib
 
 
 class Run:
@@ -86,7 +87,7 @@ class Run:
       self.model,
       self.optimizer,
       self.mesh,
-      None if source is None else source.params,
+      None if source is None else state_lib.starting_params(config, source.params, source.config),
       origin=source
       and f"step {source.step} in {workdir_lib.as_workdir(init_from).checkpoints} (model.type "
       f"{source.config.model.type!r}, now {config.model.type!r})",

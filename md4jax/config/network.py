@@ -15,7 +15,7 @@ def validate_network(model: ml_collections.ConfigDict):
     check(
       isinstance(model[name], bool), f"model.{name} must be true or false, got {model[name]!r}."
     )
-  for name in ("num_kv_heads", "time_dim", "time_hidden_dim", "embed_dim"):
+  for name in ("num_kv_heads", "time_dim", "time_hidden_dim", "embed_dim", "lora_rank"):
     check(
       type(model[name]) is int and model[name] >= 0,  # pylint: disable=unidiomatic-typecheck
       f"model.{name} must be an integer >= 0 (0: the default), got {model[name]!r}.",
@@ -27,6 +27,11 @@ def validate_network(model: ml_collections.ConfigDict):
   check(
     isinstance(model.rope_base, float) and model.rope_base > 0,
     f"model.rope_base must be a float > 0 (RoPE's θ), got {model.rope_base!r}.",
+  )
+  check(
+    isinstance(model.lora_alpha, float) and model.lora_alpha > 0,
+    f"model.lora_alpha must be a float > 0 (the LoRA update's scale is lora_alpha / lora_rank), "
+    f"got {model.lora_alpha!r}.",
   )
   check_choice(model.time_input, "model.time_input", bounds.TIME_INPUTS)
   try:
@@ -46,6 +51,8 @@ def validate_network(model: ml_collections.ConfigDict):
       time_dim=model.time_dim,
       embed_dim=model.embed_dim,
       tie_embeddings=model.tie_embeddings,
+      lora_rank=model.lora_rank,
+      lora_alpha=model.lora_alpha,
       name=lambda field: f"model.{field}",
     )
   except ValueError as e:

@@ -86,6 +86,21 @@ class Attention(nn.Module):
   block_layout: tuple = ()
   num_kv_heads: int = 0  # Key and value heads (grouped-query attention); 0 = num_heads.
   qkv_bias: bool = False  # A bias on the query, key and value projections (Qwen2's).
+  lora_rank: int = 0  # LoRA adapters of this rank on every projection (`Projection`); 0 = none.
+  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
+
+  def _projection(self, shape, num_in, names, initializer, bias=False, *, name):
+    return Projection(
+      shape,
+      num_in,
+      names,
+      initializer,
+      self.dtype,
+      bias,
+      self.lora_rank,
+      self.lora_alpha,
+      name=name,
+    )
 
   @nn.compact
   def __call__(self, x, rope, mask=None, segment_ids=None, cache=None):
@@ -109,12 +124,11 @@ class Attention(nn.Module):
     cos, sin = rope
     if kv_heads == self.num_heads:
       # One fused matmul for q, k, v: kernel [D, 3, H, Dh].
-      qkv = Projection(
+      qkv = self._projection(
         (model_dim, 3, self.num_heads, head_dim),
         1,
         ("embed", "qkv", "heads", "head_dim"),
         kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
-        self.dtype,
         self.qkv_bias,
         name="qkv",
       )(x)
@@ -153,13 +167,8 @@ class Attention(nn.Module):
         out = softmax_attention(q, *repeated, mask, self.causal)
     out = constrain(out, HEADS)
     out_init = kernel_init(self.weight_init, self.num_layers, (0, 1), 2, writes_residual=True)
-    out = Projection(
-      (self.num_heads, head_dim, model_dim),
-      2,
-      ("heads", "head_dim", "embed"),
-      out_init,
-      self.dtype,
-      name="out",
+    out = self._projection(
+      (self.num_heads, head_dim, model_dim), 2, ("heads", "head_dim", "embed"), out_init, name="out"
     )(out)
     return out if cache is None else (out, (k, v))
 
@@ -167,21 +176,19 @@ class Attention(nn.Module):
     """q [B, L, H, Dh] and k, v [B, L, Hkv, Dh] from a q kernel [D, H, Dh] and a kv kernel
     [D, 2, Hkv, Dh] (query head j reads key and value head j // (H / kv_heads))."""
     model_dim = x.shape[-1]
-    q = Projection(
+    q = self._projection(
       (model_dim, self.num_heads, head_dim),
       1,
       ("embed", "heads", "head_dim"),
       kernel_init(self.weight_init, self.num_layers, 0, (1, 2)),
-      self.dtype,
       self.qkv_bias,
       name="q",
     )(x)
-    kv = Projection(
+    kv = self._projection(
       (model_dim, 2, kv_heads, head_dim),
       1,
       ("embed", "qkv", "heads", "head_dim"),
       kernel_init(self.weight_init, self.num_layers, 0, (1, 2, 3)),
-      self.dtype,
       self.qkv_bias,
       name="kv",
     )(x)

@@ -27,6 +27,8 @@ class Block(nn.Module):
   block_layout: tuple = ()  # Attention's.
   num_kv_heads: int = 0  # Attention's.
   qkv_bias: bool = False  # Attention's.
+  lora_rank: int = 0  # LoRA adapters of this rank on the attention and MLP projections; 0 = none.
+  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
 
   @nn.compact
   def __call__(self, x, cond, mask, rope, segment_ids=None, cache=None):
@@ -44,9 +46,20 @@ class Block(nn.Module):
       self.block_layout,
       self.num_kv_heads,
       self.qkv_bias,
+      self.lora_rank,
+      self.lora_alpha,
       name="attn",
     )
-    mlp = SwiGLU(self.mlp_dim, self.weight_init, self.num_layers, self.dtype, self.mlp, name="mlp")
+    mlp = SwiGLU(
+      self.mlp_dim,
+      self.weight_init,
+      self.num_layers,
+      self.dtype,
+      self.mlp,
+      self.lora_rank,
+      self.lora_alpha,
+      name="mlp",
+    )
     kv = None
 
     def attend(h):

@@ -11,7 +11,8 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from md4jax.model.projection import named_projection
+from md4jax.model import lora
+from md4jax.model.projection import named_projection, project
 
 # "normal": N(0, 0.02²), the matrices writing into the residual stream 0.02/√(2N) (GPT-2).
 # "fan_in": truncated normal of variance 1/fan_in (LeCun, Flax's Dense default) for every
@@ -106,6 +107,10 @@ class Projection(nn.Module):
   logical axis names, contracting x's last num_in dims (`projection.project`); with bias, plus a
   float32 param "bias" [*out] (zeros at init).
 
+  With lora_rank r > 0, plus (lora_alpha / r) · (x · A) · B: float32 params "lora_a" A [*in, r]
+  and "lora_b" B [r, *out] (zeros at init, so the output starts as the base one exactly;
+  `md4jax.model.lora`).
+
   (nn.DenseGeneral initializes a flat kernel and reshapes it, which breaks the
   named-axis constraint flax applies when it checks an existing param's shape.)
   """
@@ -116,19 +121,48 @@ class Projection(nn.Module):
   initializer: object  # A JAX initializer of the kernel.
   dtype: jnp.dtype
   bias: bool = False
+  lora_rank: int = 0  # Rank of the LoRA update; 0 = none.
+  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
 
   @nn.compact
   def __call__(self, x):
+    # The kernel first: params made after it take later rngs, so its init is the base one's.
     kernel = kernel_param(self, self.shape, self.names, self.initializer)
-    if not self.bias:
-      x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-      return named_projection(x, kernel, self.num_in)
     out_shape, out_names = self.shape[self.num_in :], self.names[self.num_in :]
-    bias = self.param(
-      "bias", logical_init(nn.initializers.zeros, out_names), out_shape, jnp.float32
+    bias = None
+    if self.bias:
+      bias = self.param(
+        "bias", logical_init(nn.initializers.zeros, out_names), out_shape, jnp.float32
+      )
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    out = named_projection(x, kernel, self.num_in)
+    if self.lora_rank:
+      out = out + self._lora_update(x, out_shape, out_names)
+    if bias is None:
+      return out
+    return out + bias.astype(out.dtype)
+
+  def _lora_update(self, x, out_shape: tuple, out_names: tuple):
+    """(lora_alpha / r) · (x · A) · B, in the compute dtype."""
+    in_shape, in_names = self.shape[: self.num_in], self.names[: self.num_in]
+    a = self.param(
+      lora.LORA_A,
+      logical_init(lora.adapter_init(self.num_in), in_names + (lora.RANK_AXIS,)),
+      in_shape + (self.lora_rank,),
+      jnp.float32,
     )
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-    return named_projection(x, kernel, self.num_in) + bias
+    b = self.param(
+      lora.LORA_B,
+      logical_init(nn.initializers.zeros, (lora.RANK_AXIS,) + out_names),
+      (self.lora_rank,) + out_shape,
+      jnp.float32,
+    )
+    a, b = nn.dtypes.promote_dtype(a, b, dtype=self.dtype)
+    # The factor on the [..., r] side: r multiplies instead of the output's width.
+    down = named_projection(x, a, self.num_in) * jnp.asarray(
+      lora.scale(self.lora_rank, self.lora_alpha), x.dtype
+    )
+    return project(down, b, 1)
 
 
 class SwiGLU(nn.Module):
@@ -139,22 +173,27 @@ class SwiGLU(nn.Module):
   num_layers: int  # Of the whole network: the depth-scaled inits use it.
   dtype: jnp.dtype
   gate: str = "swiglu"
+  lora_rank: int = 0  # LoRA adapters of this rank on gate, up and down (`Projection`); 0 = none.
+  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
 
   @nn.compact
   def __call__(self, x):
     model_dim = x.shape[-1]
+    lora_args = dict(lora_rank=self.lora_rank, lora_alpha=self.lora_alpha)
     # W_gate and W_up as two matmuls (`project`): stacked into one [D, 2, F] kernel, every step
     # copied both kernels and concatenated the two gradients (slower; docs/performance.md).
     in_init = kernel_init(self.weight_init, self.num_layers, in_mlp=True)
     gate, up = (
-      Projection((model_dim, self.mlp_dim), 1, ("embed", "mlp"), in_init, self.dtype, name=name)(x)
+      Projection(
+        (model_dim, self.mlp_dim), 1, ("embed", "mlp"), in_init, self.dtype, **lora_args, name=name
+      )(x)
       for name in ("gate", "up")
     )
     activation = nn.silu if self.gate == "swiglu" else nn.sigmoid
     hidden = constrain(activation(gate) * up, ("batch", "length", "mlp"))
     out_init = kernel_init(self.weight_init, self.num_layers, writes_residual=True, in_mlp=True)
     return Projection(
-      (self.mlp_dim, model_dim), 1, ("mlp", "embed"), out_init, self.dtype, name="down"
+      (self.mlp_dim, model_dim), 1, ("mlp", "embed"), out_init, self.dtype, **lora_args, name="down"
     )(hidden)
 
 

@@ -75,6 +75,8 @@ def check_network(
   time_dim: int = 0,
   embed_dim: int = 0,
   tie_embeddings: bool = False,
+  lora_rank: int = 0,
+  lora_alpha: float = 16.0,
   name: Callable[[str], str] = str,
 ):
   """Raises ValueError for a network no Transformer builds, naming each field as name(field):
@@ -117,6 +119,15 @@ def check_network(
     f"{name('tie_embeddings')} reads the logits off the model_dim-wide embedding: set "
     f"{name('embed_dim')}=0.",
   )
+  require(
+    lora_rank >= 0,
+    f"{name('lora_rank')}={lora_rank!r} must be >= 0 (the adapters' rank; 0: no LoRA).",
+  )
+  require(
+    not lora_rank or lora_alpha > 0,
+    f"{name('lora_alpha')}={lora_alpha!r} must be > 0 (the update is scaled by lora_alpha / "
+    "lora_rank).",
+  )
 
 
 class Transformer(nn.Module):
@@ -137,6 +148,9 @@ class Transformer(nn.Module):
 
   In causal mode with num_kv_heads, qkv_bias, tie_embeddings and rope_base set as theirs, the
   network is Hugging Face's Llama or Qwen2 (`md4jax.model.hf_params` maps the weights).
+
+  With lora_rank > 0 every attention and MLP projection also holds LoRA adapters ("lora_a",
+  "lora_b" beside its "kernel"; `md4jax.model.lora`): the base params keep their names and shapes.
   """
 
   vocab_size: int
@@ -179,6 +193,10 @@ class Transformer(nn.Module):
   # its own), so each position predicts the token after the one it reads, as the AR model it was
   # adapted from did.
   shift_logits: bool = False
+  # LoRA (`md4jax.model.lora`): a rank-r update W + (lora_alpha / r)·A·B on every attention and
+  # MLP projection, B zeros at init (the base network exactly); 0 = none.
+  lora_rank: int = 0
+  lora_alpha: float = 16.0  # The LoRA update's scale is lora_alpha / lora_rank.
 
   def _check_config(self, alpha):
     check_network(
@@ -197,6 +215,8 @@ class Transformer(nn.Module):
       time_dim=self.time_dim,
       embed_dim=self.embed_dim,
       tie_embeddings=self.tie_embeddings,
+      lora_rank=self.lora_rank,
+      lora_alpha=self.lora_alpha,
     )
     if self.time_conditioning == "adaln" and alpha is None:
       raise ValueError("time_conditioning='adaln' requires alpha, got None")
@@ -237,6 +257,8 @@ class Transformer(nn.Module):
       biases=self.biases,
       num_kv_heads=self.num_kv_heads,
       qkv_bias=self.qkv_bias,
+      lora_rank=self.lora_rank,
+      lora_alpha=self.lora_alpha,
     )
     block = Block
     if self.remat != "none":

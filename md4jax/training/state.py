@@ -3,6 +3,10 @@
 The state is created directly with its shardings: params, optimizer state and
 EMA follow the model's logical axis names through `md4jax.runtime.sharding`'s rules,
 so an FSDP mesh never holds a full copy of any of them on one device.
+
+With model.lora_rank > 0 (docs/lora.md) only the LoRA adapters (and a learned schedule's θ)
+train: the optimizer updates and keeps moments for them alone, the train step differentiates
+them alone, and the EMA holds every param as in any run, its frozen entries a copy of the base.
 """
 
 import functools
@@ -16,6 +20,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
+from md4jax.model import lora
 from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
 from md4jax.training import objective
@@ -62,6 +67,8 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
     rope_base=m.rope_base,
     checkpoint_mask_id=m.checkpoint_mask_id,
     shift_logits=m.shift_logits,
+    lora_rank=m.lora_rank,
+    lora_alpha=m.lora_alpha,
   )
 
 
@@ -93,11 +100,61 @@ def weight_decay_mask(params) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+TRAINABLE, FROZEN = "trainable", "frozen"  # The optimizer's labels of params (LoRA runs).
+
+
+def _is_trainable(path) -> bool:
+  """A LoRA run trains the adapters and a learned schedule's θ; everything else is frozen."""
+  names = [str(getattr(key, "key", key)) for key in path]
+  return lora.is_adapter(names) or (bool(names) and names[0] == objective.SCHEDULE_PARAMS)
+
+
+def param_labels(params) -> Any:
+  """TRAINABLE or FROZEN for every param of a LoRA run. A boxed param (`abstract_state`'s) is
+  labelled whole: a frozen one then becomes a bare optax MaskedNode, no box left around it."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: TRAINABLE if _is_trainable(path) else FROZEN,
+    params,
+    is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+  )
+
+
+def split_trainable(params, config: ml_collections.ConfigDict) -> tuple[Any, Any]:
+  """(trainable, frozen) subtrees of a params tree (each nested as params are); without LoRA,
+  (params, None): everything trains."""
+  if not config.model.lora_rank:
+    return params, None
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+  parts = {TRAINABLE: {}, FROZEN: {}}
+  for path, leaf in flat.items():
+    parts[TRAINABLE if _is_trainable(path) else FROZEN][path] = leaf
+  unflatten = flax.traverse_util.unflatten_dict
+  return unflatten(parts[TRAINABLE]), unflatten(parts[FROZEN])
+
+
+def join_trainable(trainable, frozen) -> Any:
+  """The params tree of `split_trainable`'s two parts."""
+  if frozen is None:
+    return trainable
+  flatten = lambda tree: flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
+  return flax.traverse_util.unflatten_dict({**flatten(frozen), **flatten(trainable)})
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """AdamW on everything, after a global-norm clip (none for optimizer.grad_clip_norm = 0, as
   MD4); a learned schedule's θ moves at diffusion.exponent_learning_rate (its Adam step
   rescaled, on the same warmup and decay) and is clipped on its own, so its noisy
-  score-function gradient never shrinks the network's step."""
+  score-function gradient never shrinks the network's step.
+
+  With model.lora_rank > 0 that optimizer sees the trainable params alone (`param_labels`): the
+  frozen ones get zero updates and no state, so Adam's moments exist for the adapters only."""
+  trainable = _trainable_optimizer(config)
+  if not config.model.lora_rank:
+    return trainable
+  return optax.multi_transform({TRAINABLE: trainable, FROZEN: optax.set_to_zero()}, param_labels)
+
+
+def _trainable_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   opt = config.optimizer
   adamw = optax.adamw(
     learning_rate_schedule(config),
@@ -147,6 +204,27 @@ def _fresh_state(config: ml_collections.ConfigDict, params, optimizer, step_rng)
     ema_params=jax.tree.map(jnp.copy, params),
     rng=step_rng,
   )
+
+
+def fresh_adapters(config: ml_collections.ConfigDict, model) -> dict:
+  """The adapters of a fresh LoRA run of config (`init_state`'s: the same seed, the same values),
+  computed without the base params' init (XLA drops what the output does not need)."""
+  params_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+  tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
+  init = lambda rng: lora.adapters(nn.meta.unbox(model.init(rng, tokens, jnp.ones((1,)))["params"]))
+  return jax.jit(init)(params_rng)
+
+
+def starting_params(
+  config: ml_collections.ConfigDict, params, source_config: ml_collections.ConfigDict
+) -> Any:
+  """training.init_from's params as this run starts from them: a LoRA source's adapters folded
+  into its kernels (`lora.merged` with source_config, the source workdir's), then, when this run
+  has model.lora_rank > 0, fresh adapters beside them (`fresh_adapters`)."""
+  base = lora.merged(params, source_config)
+  if not config.model.lora_rank:
+    return base
+  return lora.with_adapters(base, fresh_adapters(config, build_model(config)))
 
 
 def state_from_params(config: ml_collections.ConfigDict, optimizer, params) -> TrainState:

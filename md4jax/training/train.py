@@ -93,12 +93,16 @@ def train_step(
   num_rows = batch["tokens"].shape[0]
   attention_mask = adaptation.annealed_attention(key, state.step, config)  # None: not annealed.
 
+  # Only what trains is differentiated (a LoRA run's adapters: no gradient of a frozen kernel
+  # is ever computed or held); without LoRA, every param.
+  trainable, frozen = state_lib.split_trainable(state.params, config)
+
   def total_nats(
-    params, rows: dict, row_index: jax.Array, row_draws
+    trainable, rows: dict, row_index: jax.Array, row_draws
   ) -> tuple[jax.Array, jax.Array]:
     # (differentiated loss, reported NELBO): equal in value (objective.training_loss).
     loss, nats = objective.training_loss(
-      params,
+      state_lib.join_trainable(trainable, frozen),
       rows,
       key,
       model=model,
@@ -113,14 +117,14 @@ def train_step(
   grad_fn = lambda *args: _flat_aux(jax.value_and_grad(total_nats, has_aux=True)(*args))
   num_micro = config.training.grad_accum_steps
   if num_micro == 1:
-    total, grads = grad_fn(state.params, batch, jnp.arange(num_rows), draws)
+    total, grads = grad_fn(trainable, batch, jnp.arange(num_rows), draws)
   else:
 
     def accumulate(carry, inputs):
-      value, grads = grad_fn(state.params, *inputs)
+      value, grads = grad_fn(trainable, *inputs)
       return jax.tree.map(jnp.add, carry, (value, grads)), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, trainable))
     # Accumulates (reported NELBO, grads).
     micro_draws = None if draws is None else _microbatches(draws, num_micro)[0]
     (total, grads), _ = jax.lax.scan(
@@ -133,12 +137,20 @@ def train_step(
   # eps and the clip threshold see the difference).
   per_unit = num_tokens * (math.log(2.0) if config.training.loss_units == "bits" else 1.0)
   grads = jax.tree.map(lambda g: g / per_unit, grads)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  # The optimizer takes the whole tree; a frozen param's zero gradient is dropped unread
+  # (its update is zero: state.make_optimizer), so XLA never materializes it.
+  full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
+  updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
+  # Frozen params are passed through as they are, bit for bit.
+  trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
+  params = state_lib.join_trainable(trained, frozen)
   decay = ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
   # e + (1 − d)(p − e), not d e + (1 − d) p: at d near 1 the increment is small and rounds
   # relative to itself, where d e rounds relative to e (0.9999 for 300 steps: 5e-6 vs 2e-7).
-  ema_params = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
+  # A frozen param's EMA is the param itself: it is passed through too.
+  ema_trainable, ema_frozen = state_lib.split_trainable(state.ema_params, config)
+  ema_trainable = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), ema_trainable, trained)
+  ema_params = state_lib.join_trainable(ema_trainable, ema_frozen)
   metrics = {
     "loss": loss,
     "nelbo_bits_per_token": loss / math.log(2.0),  # For "ar": the NLL in bits/token.
