@@ -9,10 +9,11 @@ Import reads HF_FOLDER's config.json and *.safetensors (and tokenizer.json, copi
 workdir with data.tokenizer = "bpe"; its other files, such as tokenizer_config.json's chat template
 and a released dLLM's modeling code, are kept in the workdir's hf_files/ for export) and writes the workdir a run of md4jax.main continues: its
 config.json and a step-0 checkpoint (the converted weights as params and EMA, a fresh optimizer
-state). Every key the model does not fix comes from --config (base_config without one). Export
-writes the EMA params (--params=raw: the raw ones) of a workdir's newest checkpoint as
-config.json and model.safetensors. What maps to what, the mask row and the limits:
-docs/convert.md.
+state; read tensor by tensor and written as the params alone, which whatever restores it
+completes: docs/convert.md, Memory). Every key the model does not fix comes from --config
+(base_config without one). Export writes the EMA params (--params=raw: the raw ones) of a
+workdir's newest checkpoint as config.json and model.safetensors. What maps to what, the mask
+row and the limits: docs/convert.md.
 """
 
 import functools
@@ -20,9 +21,9 @@ import json
 import pathlib
 import shutil
 import types
+from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 from jax.sharding import Mesh
@@ -33,7 +34,7 @@ from md4jax import user_errors
 from md4jax.app import hf as hf_lib
 from md4jax.app import load
 from md4jax.data import tokenizer as tokenizer_lib
-from md4jax.model import hf_folder, hf_params
+from md4jax.model import hf_folder, hf_params, lora
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
@@ -114,7 +115,12 @@ def _kept_files(source) -> list:
 
 
 def import_hf(source, workdir, config=None, model_type=None, vocab_size: int = 0):
-  """Writes the md4jax workdir of the Hugging Face folder `source`; returns its config."""
+  """Writes the md4jax workdir of the Hugging Face folder `source`; returns its config.
+
+  The weights stream in tensor by tensor (hf_lib.folder_params), each param placed on config's
+  mesh as soon as it is whole, and the step-0 checkpoint holds the params alone
+  (checkpoint.save_start): the host holds about the params once, never their EMA or Adam's
+  moments, which the run that resumes it makes on its own devices."""
   workdir = workdir_lib.as_workdir(workdir)
   if workdir.checkpoints.is_dir() and any(workdir.checkpoints.iterdir()):
     raise ValueError(f"{workdir.checkpoints} already holds checkpoints: convert into a new --out.")
@@ -123,7 +129,9 @@ def import_hf(source, workdir, config=None, model_type=None, vocab_size: int = 0
   if hf_tokenizer.is_file():  # The workdir keeps its own copy.
     config.data.tokenizer_path = str(workdir.tokenizer.absolute())
   config_lib.validate_config(config, jax.device_count(), jax.devices()[0].platform)
-  params = hf_lib.folder_params(source, config, hf, vocab_size)
+  mesh = sharding.make_mesh(config)
+  params = hf_lib.folder_params(source, config, hf, vocab_size, mesh)
+  start = _start(config, params, mesh)
   with workdir_lib.Lock(workdir, "convert"):
     if hf_tokenizer.is_file():
       shutil.copyfile(hf_tokenizer, workdir.tokenizer)
@@ -132,18 +140,40 @@ def import_hf(source, workdir, config=None, model_type=None, vocab_size: int = 0
       (workdir.root / HF_FILES).mkdir(exist_ok=True)
     for path in kept:
       shutil.copyfile(path, workdir.root / HF_FILES / path.name)
-    with jax.default_device(_cpu()):
-      state = state_lib.state_from_params(
-        config, state_lib.make_optimizer(config), jax.tree.map(jnp.asarray, params)
-      )
-      manager = checkpoint.make_manager(
-        workdir.checkpoints, config.training.max_checkpoints_to_keep
-      )
+    keep = config.training.max_checkpoints_to_keep
+    if start is not None:
+      checkpoint.save_start(workdir.checkpoints, 0, start, _FRESH_DATA_STATE, config, keep)
+    else:  # An optimizer whose fresh state is not zeros: the whole state, as training saves it.
+      state = state_lib.state_from_params(config, state_lib.make_optimizer(config), params)
+      manager = checkpoint.make_manager(workdir.checkpoints, keep)
       checkpoint.save(manager, 0, state, _FRESH_DATA_STATE, config)
       checkpoint.wait(manager)
     workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
     (workdir.root / HF_CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
   return config
+
+
+def _start(config, params, mesh) -> Optional[dict]:
+  """checkpoint.save_start's {"step", "params", "rng"} of the step-0 state that
+  state_lib.state_from_params makes of the network's `params` (a learned schedule's θ added), or
+  None if that state's EMA is not its params or its optimizer state not all zeros (save_start's
+  premise). Worked out on a one-element stand-in for each param: nothing of their size is made."""
+  stand_in = jax.tree.map(lambda a: np.ones((1,) * a.ndim, a.dtype), params)
+  fresh = jax.device_get(
+    state_lib.state_from_params(config, state_lib.make_optimizer(config), stand_in)
+  )
+  network = {key: value for key, value in fresh.params.items() if key in params}
+  added = {key: value for key, value in fresh.params.items() if key not in params}
+  same = lambda a, b: (
+    jax.tree.structure(a) == jax.tree.structure(b)
+    and all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  )
+  zeros = all(not np.any(leaf) for leaf in jax.tree.leaves(fresh.opt_state))
+  if not (zeros and same(network, stand_in) and same(fresh.ema_params, fresh.params)):
+    logging.warning("The optimizer's fresh state is not zeros: saving the whole step-0 state.")
+    return None
+  put = lambda tree: jax.device_put(tree, sharding.replicated(mesh))
+  return {"step": put(fresh.step), "params": {**params, **put(added)}, "rng": put(fresh.rng)}
 
 
 def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> dict:
@@ -160,7 +190,8 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   loaded = load.load(
     workdir.root, params=which, mesh=mesh, role="--in", check_config=False, log=log
   )
-  params = jax.device_get(objective.network_params(loaded.params))
+  # LoRA adapters folded into their kernels: the folder holds the network they make.
+  params = jax.device_get(lora.merged(objective.network_params(loaded.params), loaded.config))
   hf = hf_params.hf_config(options, dtype_name, loaded.config.data.seq_len, base)
   tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name], hf["model_type"])
   hf_folder.write_safetensors(pathlib.Path(out) / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})

@@ -16,6 +16,7 @@ from md4jax import config as config_lib
 from md4jax.data import chat
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.model import hf_folder, hf_params
+from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # Its chat template (data.chat_template).
@@ -47,20 +48,32 @@ def converted_config(
   return config
 
 
-def check_fits(config: ml_collections.ConfigDict, params: dict):
-  """Raises ValueError unless params have exactly the model's param names and shapes."""
+def _model_params(config: ml_collections.ConfigDict):
+  """The model's params, abstract and boxed with their logical axis names."""
   model = state_lib.build_model(config)
   tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
-  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, jnp.ones((1,)))["params"]
-  expected = jax.tree_util.tree_flatten_with_path(
-    jax.tree.map(lambda a: a.shape, nn.meta.unbox(boxed))
-  )[0]
-  got = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.shape, params))[0]
-  if dict(expected) != dict(got):
-    expected, got = dict(expected), dict(got)
-    wrong = [jax.tree_util.keystr(k) for k in set(expected) ^ set(got)]
-    wrong += [jax.tree_util.keystr(k) for k in set(expected) & set(got) if expected[k] != got[k]]
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens, jnp.ones((1,)))["params"]
+
+
+def _by_path(tree) -> dict:
+  """{path as a tuple of keys: leaf} of a nested-dict pytree."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {tuple(str(getattr(key, "key", key)) for key in path): leaf for path, leaf in flat}
+
+
+def _check_shapes(expected: dict, got: dict):
+  """ValueError naming the params (path: shape dicts) whose names or shapes differ."""
+  if expected != got:
+    name = lambda path: "".join(f"[{key!r}]" for key in path)  # As jax.tree_util.keystr.
+    wrong = [name(k) for k in set(expected) ^ set(got)]
+    wrong += [name(k) for k in set(expected) & set(got) if expected[k] != got[k]]
     raise ValueError(f"The converted params do not fit the model at {sorted(wrong)[:5]}.")
+
+
+def check_fits(config: ml_collections.ConfigDict, params: dict):
+  """Raises ValueError unless params have exactly the model's param names and shapes."""
+  expected = {path: a.shape for path, a in _by_path(nn.meta.unbox(_model_params(config))).items()}
+  _check_shapes(expected, {path: np.shape(a) for path, a in _by_path(params).items()})
 
 
 def _check_mask_token(source, hf: dict, tokenizer):
@@ -130,17 +143,39 @@ def folder_config(source, base=None, model_type: Optional[str] = None, vocab_siz
   return config, hf
 
 
-def folder_params(source, config: ml_collections.ConfigDict, hf: dict, vocab_size: int = 0):
-  """The params of the folder's weights for config (`folder_config`'s), as NumPy arrays."""
-  params = hf_params.to_md4jax(
-    hf_folder.read_weights(source),
-    hf_params.model_options(hf),
-    config.model.scan_layers,
-    vocab_size,
-    hf["model_type"],
+def folder_params(
+  source, config: ml_collections.ConfigDict, hf: dict, vocab_size: int = 0, mesh=None
+):
+  """The params of the folder's weights for config (`folder_config`'s), read tensor by tensor
+  (hf_params.layout, the one mapping): NumPy arrays, or with `mesh` jax arrays placed as they
+  load, each sharded over mesh by md4jax's logical axis rules, as a run of config lays them out.
+  The host holds one tensor at a time and the params not yet whole (all of the stacked blocks'
+  under model.scan_layers); every name and shape is checked, from the files' headers, before any
+  weight is read."""
+  headers = hf_folder.tensor_headers(source)
+  options = hf_params.model_options(hf)
+  plan = hf_params.layout(options, config.model.scan_layers, vocab_size, hf["model_type"])
+  names = hf_params.check_tensors(plan, {name: header.shape for name, header in headers.items()})
+  abstract = _model_params(config)
+  unboxed = _by_path(nn.meta.unbox(abstract))
+  _check_shapes(
+    {path: leaf.shape for path, leaf in unboxed.items()},
+    {path: tuple(shape) for path, shape in plan.leaves.items()},
   )
-  check_fits(config, params)
-  return params
+  place = None
+  if mesh is not None:
+    shardings = _by_path(sharding.logical_shardings(abstract, mesh))
+
+    def place(path, array):
+      array = array.astype(unboxed[path].dtype, copy=False)
+      return jax.make_array_from_callback(array.shape, shardings[path], lambda index: array[index])
+
+  assembler = hf_params.Assembler(plan, names, place)
+  read = set(names)
+  for name, tensor in hf_folder.stream_tensors({n: h for n, h in headers.items() if n in read}):
+    assembler.add(name, tensor)
+    del tensor  # Released before the next is read.
+  return assembler.params()
 
 
 def md4jax_options(config: ml_collections.ConfigDict) -> dict:

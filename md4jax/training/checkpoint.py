@@ -11,6 +11,12 @@ renames it), so a crash mid-save leaves the previous checkpoints intact.
 `restore` takes the newest checkpoint that reads back: an unreadable one
 (truncated or missing files, garbage metadata) is reported, moved aside as
 `<step>.unreadable` so training can save that step again, and never deleted.
+
+A run's first checkpoint may hold its params alone (`save_start`, what md4jax.convert writes):
+a `params` item in place of `state`, with the state's step, params and rng. Its EMA is its
+params and its optimizer state fresh (every moment and count zero), so neither is written:
+`restore` builds both on the devices it restores onto. A converted model's checkpoint is then
+a quarter of a full one, and writing it never holds more than the params.
 """
 
 import dataclasses
@@ -20,12 +26,20 @@ import pathlib
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 from jax.experimental import multihost_utils
 
-ITEMS = ("state", "data", "loop", "config")
+ITEMS = ("state", "params", "data", "loop", "config")
+# A start's item (`save_start`): {"step", "params", "rng"} of a state whose EMA is its params
+# and whose optimizer state is all zeros.
+START_ITEM = "params"
 UNREADABLE_SUFFIX = ".unreadable"
+# A start is written this many GB at a time (copied off the devices, written, then the next):
+# the host never holds a second copy of the params.
+_START_SAVE_GB = 0.25
 
 
 class CheckpointError(RuntimeError):
@@ -82,6 +96,74 @@ def wait(manager: ocp.CheckpointManager):
     manager.wait_until_finished()
   except Exception as e:  # pylint: disable=broad-except
     raise _write_error(manager, None, e) from e
+
+
+def save_start(
+  directory,
+  step: int,
+  start: dict,
+  data_state: dict,
+  config: ml_collections.ConfigDict,
+  max_to_keep: int,
+):
+  """Writes checkpoint `step` of a run's start into the checkpoints folder `directory` and waits
+  for it: `start` is {"step", "params", "rng"} (jax arrays) of a state whose EMA is its params
+  and whose optimizer state is fresh, all zeros (the caller checks that its optimizer's is):
+  `restore` builds both. Written a slice at a time (_START_SAVE_GB), so the host never holds a
+  second copy of the params. CheckpointError if the write fails."""
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+  )
+  manager = ocp.CheckpointManager(
+    pathlib.Path(directory).absolute(),
+    options=options,
+    item_names=ITEMS,
+    item_handlers={START_ITEM: _sliced_handler()},
+  )
+  try:
+    manager.save(
+      step,
+      force=True,
+      args=ocp.args.Composite(
+        **{START_ITEM: ocp.args.PyTreeSave(start)},
+        data=ocp.args.JsonSave(data_state),
+        loop=ocp.args.JsonSave({}),
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())),
+      ),
+    )
+  except Exception as e:  # pylint: disable=broad-except  (orbax wraps the OSError)
+    raise _write_error(manager, step, e) from e
+  wait(manager)
+  manager.close()
+
+
+def _sliced_handler() -> ocp.PyTreeCheckpointHandler:
+  """A handler that copies arrays off their devices _START_SAVE_GB at a time, each slice written
+  before the next is copied (orbax's default copies every array first: a second copy of the
+  params on the host). Orbax schedules those slices for arrays whose transfer priority is
+  "deprioritized", which only its array handler's status callback says; the callback's types
+  are not exported, so an orbax without them gets its default handler (the same checkpoint,
+  written with that copy)."""
+  try:
+    from orbax.checkpoint._src.serialization import types as serialization_types  # noqa: PLC0415
+  except ImportError:
+    serialization_types = None
+  if not hasattr(serialization_types, "DefaultSerializationStatusCallback"):
+    logging.warning("orbax %s: the params are copied to host at once.", ocp.__version__)
+    return ocp.PyTreeCheckpointHandler()
+
+  priority = serialization_types.TransferPriority
+
+  class Sliced(serialization_types.DefaultSerializationStatusCallback):
+    def key_priority(self, keypath):  # The params in slices; the step and the rng (tiny) first.
+      first = str(getattr(keypath[0], "key", keypath[0])) if keypath else ""
+      return priority.ASYNCHRONOUS_DEPRIORITIZED if first == "params" else priority.SYNCHRONOUS
+
+  arrays = ocp.type_handlers.ArrayHandler(callback=Sliced())
+  return ocp.PyTreeCheckpointHandler(
+    save_device_host_concurrent_gb=_START_SAVE_GB,
+    type_handler_registry=ocp.type_handlers.create_type_handler_registry((jax.Array, arrays)),
+  )
 
 
 def _write_error(manager, step: Optional[int], error: Exception) -> CheckpointError:
@@ -199,12 +281,22 @@ def restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, role
 
 
 def _restore_step(manager, step: int, abstract_state) -> Restored:
-  items = {"state": ocp.args.StandardRestore(abstract_state), "data": ocp.args.JsonRestore()}
+  items = {"data": ocp.args.JsonRestore()}
+  # A start (`save_start`) holds a `params` item in place of the state.
+  is_start = (
+    not (step_dir(manager, step) / "state").exists()
+    and (step_dir(manager, step) / START_ITEM).exists()
+  )
+  if is_start:
+    abstract_start = {key: getattr(abstract_state, key) for key in ("step", "params", "rng")}
+    items[START_ITEM] = ocp.args.StandardRestore(abstract_start)
+  else:
+    items["state"] = ocp.args.StandardRestore(abstract_state)
   has_loop = (step_dir(manager, step) / "loop").exists()  # Absent in checkpoints of older versions.
   if has_loop:
     items["loop"] = ocp.args.JsonRestore()
   restored = manager.restore(step, args=ocp.args.Composite(**items))
-  state = restored["state"]
+  state = _state_of_start(restored[START_ITEM], abstract_state) if is_start else restored["state"]
   # A truncated array file can restore without an error but with missing chunks: check shapes.
   jax.tree.map(lambda x, a: _check_shape(x, a, step), state, abstract_state)
   loop_state = {
@@ -212,6 +304,25 @@ def _restore_step(manager, step: int, abstract_state) -> Restored:
     **(restored["loop"] if has_loop else {}),
   }  # Older checkpoints: no window.
   return Restored(step, state, restored["data"], loop_state)
+
+
+def _state_of_start(start: dict, abstract_state):
+  """The train state of a start (`save_start`), on abstract_state's shardings: its EMA a copy
+  of its params, its optimizer state zeros (fresh), made where they live."""
+  shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
+
+  def build(start):
+    zeros = lambda a: jnp.zeros(a.shape, a.dtype)
+    return abstract_state.replace(
+      step=start["step"],
+      params=start["params"],
+      opt_state=jax.tree.map(zeros, abstract_state.opt_state),
+      ema_params=jax.tree.map(jnp.copy, start["params"]),
+      rng=start["rng"],
+    )
+
+  # Donated: the params are the state's own, not a copy of them.
+  return jax.jit(build, out_shardings=shardings, donate_argnums=0)(start)
 
 
 def _check_shape(value, abstract, step):
