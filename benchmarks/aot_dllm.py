@@ -12,7 +12,8 @@ For each model (configs/llada.py, configs/dream.py), topology and program, one
                the 4096 positions, and the refresh call that writes them (two programs)
   sft          the full SFT train step: AdamW, float32 params, moments and EMA, bfloat16
                compute, remat full; the meshes of SFT_MESHES tried in order until one fits
-  lora         LoRA SFT: md4jax has no LoRA adapters yet; reported as not available
+  lora         LoRA SFT (model.lora_rank=LORA_RANK on every attention and MLP projection): the
+               same step training only the adapters, on the same meshes
 
 Prints one JSON list, a row per program as it is measured: fits, bytes_per_chip,
 hbm_bytes_per_chip, step_seconds_at_50%_mfu (the model's FLOP formula at half the
@@ -44,6 +45,7 @@ SFT_MESHES = {
 }
 SFT_BATCH = 16  # Sequences of 4096 tokens per step (a v5e-16's 16 chips: one row each).
 SAMPLE_ROWS = 8
+LORA_RANK = 16  # PEFT's usual rank for 7-8B fine-tunes.
 DUAL_BLOCK = 32
 
 
@@ -89,16 +91,6 @@ def program_row(model, topology, program, report, entry, command, **extra) -> di
 def measure(model: str, topology: str, program: str) -> list:
   """The rows of one (model, topology, program)."""
   config = [f"--config=configs/{model}.py", f"--topology={topology}"]
-  if program == "lora":
-    return [
-      {
-        "model": model,
-        "topology": topology,
-        "program": "lora_sft",
-        "fits": None,
-        "not_available": "md4jax has no LoRA adapters yet (issue 48, item 5)",
-      }
-    ]
   if program in ("sample_none", "sample_dual"):
     cache = program.split("_")[1]
     flags = config + [
@@ -132,6 +124,9 @@ def measure(model: str, topology: str, program: str) -> list:
         )
       )
     return rows
+  lora = program == "lora"
+  if lora:
+    config.append(f"--config.model.lora_rank={LORA_RANK}")
   rows = []
   for mesh in SFT_MESHES[topology]:
     flags = config + [
@@ -147,7 +142,7 @@ def measure(model: str, topology: str, program: str) -> list:
       program_row(
         model,
         topology,
-        "full_sft",
+        "lora_sft" if lora else "full_sft",
         report,
         entry,
         command,
