@@ -62,7 +62,9 @@ def _prompted(method, **kwargs) -> dict:
 def test_cached_tokens_equal_the_reference_bit_for_bit(network, method, kwargs):
   model, params = network
   common = _prompted(method, **kwargs)
-  key = jax.random.PRNGKey(3)
+  # These sharp logits give nearly every row one of two continuations: a key whose rows draw
+  # both (PRNGKey(3)'s eight rows all drew one under ancestral).
+  key = jax.random.PRNGKey(0)
   reference, info = decoder.sample(
     key, lambda z, alpha: model.apply({"params": params}, z, alpha), **common
   )
@@ -120,7 +122,8 @@ def test_past_the_context_the_cache_slides(network):
   )
   assert long.shape == (4, 40) and not np.any(np.asarray(long) == MASK_ID)
   assert info["num_blocks"] == 10 and info["cache_bytes"] == 2 * 2 * 4 * 4 * 32 * 4
-  # Until the ring wraps (the first two blocks), the window re-run and the cache agree exactly.
+  # Until the ring wraps (the first two blocks), the window re-run and the cache agree exactly;
+  # block 2's window no longer shows block 0, which the cached keys of block 1 were computed with.
   window, _ = decoder.sample(
     key,
     lambda z, alpha: model.apply({"params": params}, z, alpha),
@@ -128,7 +131,7 @@ def test_past_the_context_the_cache_slides(network):
     context_length=8,
     **common,
   )
-  np.testing.assert_array_equal(np.asarray(long)[:, :12], np.asarray(window)[:, :12])
+  np.testing.assert_array_equal(np.asarray(long)[:, :8], np.asarray(window)[:, :8])
 
 
 def test_a_context_of_one_block_keeps_no_cache(network):

@@ -292,7 +292,15 @@ def test_sampler_loop_equals_a_python_loop_and_clamps_prompts(language, schedule
     probs = jax.nn.softmax(denoise_fn(z, time).astype(jnp.float32), -1)
     stay = schedule.mask_prob(grid[step - 1]) / schedule.mask_prob(grid[step]) if step > 1 else 0.0
     outcome = jnp.concatenate([probs * (1 - stay), (probs * stay).sum(-1, keepdims=True)], -1)
-    drawn = categorical.sample_categorical(jax.random.fold_in(key, step), jnp.log(outcome))
+    # Row b draws from its own key fold_in(key, b) alone.
+    drawn = jnp.stack(
+      [
+        categorical.sample_categorical(
+          jax.random.fold_in(jax.random.fold_in(key, b), step), jnp.log(outcome[b])
+        )
+        for b in range(batch)
+      ]
+    )
     z = jnp.where(z == MASK_ID, drawn, z)
   np.testing.assert_array_equal(tokens, z)
   assert np.all(np.asarray(tokens)[:, [0, 5]] == [3, 1])

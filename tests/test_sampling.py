@@ -99,16 +99,21 @@ def test_few_steps_show_the_factorization_error_and_it_shrinks(language):
 
 
 def _reference_ancestral(key, denoise_fn, batch_size, schedule, num_steps):
-  """A plain Python loop of the reverse step, the specification of the jitted sampler."""
+  """A plain Python loop of the reverse step, the specification of the jitted sampler: row b
+  draws from its own key fold_in(key, b) alone."""
   z = jnp.full((batch_size, LENGTH), MASK_ID, jnp.int32)
   grid = np.arange(num_steps + 1) / num_steps
+  row_keys = [jax.random.fold_in(key, b) for b in range(batch_size)]
   for step in range(num_steps, 0, -1):
-    reveal_key, draw_key = jax.random.split(jax.random.fold_in(key, step))
     rate_t, rate_s = schedule.mask_prob(grid[step]), schedule.mask_prob(grid[step - 1])
     reveal_prob = 1.0 if step == 1 else (rate_t - rate_s) / rate_t
-    reveal = (z == MASK_ID) & (jax.random.uniform(reveal_key, z.shape) < reveal_prob)
     logits = denoise_fn(z, jnp.full((batch_size,), schedule.alpha(grid[step]), jnp.float32))
-    z = jnp.where(reveal, categorical.sample_categorical(draw_key, logits), z)
+    rows = []
+    for b, row_key in enumerate(row_keys):
+      reveal_key, draw_key = jax.random.split(jax.random.fold_in(row_key, step))
+      reveal = (z[b] == MASK_ID) & (jax.random.uniform(reveal_key, (LENGTH,)) < reveal_prob)
+      rows.append(jnp.where(reveal, categorical.sample_categorical(draw_key, logits[b]), z[b]))
+    z = jnp.stack(rows)
   return np.asarray(z)
 
 
@@ -423,7 +428,8 @@ def test_cosine_time_grid_samples_the_chain_exactly(language):
   assert abs(gap) < 4 * se, (gap, se)
 
 
-@pytest.mark.parametrize("confidence", samplers.CONFIDENCES)
+# The kinds scored by the law alone; those scored by the token drawn: tests/test_reveal_counts.py.
+@pytest.mark.parametrize("confidence", ["max_prob", "margin", "neg_entropy"])
 def test_confidence_reveals_the_schedules_share_of_masks_per_step(language, confidence):
   """Linear schedule, T = 4 steps, 12 masks: floor(12·s) stay masked after each step (9, 6, 3, 0),
   and the revealed positions are the most confident ones."""

@@ -1,5 +1,6 @@
-"""The block decoder's argument checks (`md4jax.sample`): the blocks and their context, the cache
-strategy against the denoiser it is asked to serve, and the prompt. Each raises ValueError (a
+"""The block decoder's argument checks (`md4jax.sample`): the blocks and their context, the key and
+row offset, the cache strategy against the denoiser (and its inputs) it is asked to serve, and
+the prompt. Each raises ValueError (a
 shape: chex's AssertionError) naming the argument; the sampler settings are
 `samplers.check_settings`'."""
 
@@ -8,12 +9,14 @@ import numbers
 from typing import Optional
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from md4jax.diffusion.denoiser import Denoiser
 
 CACHES = ("none", "exact", "prefix", "dual")
+INPUTS = {"segment_ids", "positions"}  # A Denoiser's per-row inputs the decoder reads.
 
 
 def check_blocks(
@@ -54,6 +57,59 @@ def check_decoding(
     raise ValueError("sample: record_trajectory records one block; leave block_size unset.")
   if eos_id is not None and not 0 <= eos_id < mask_id:
     raise ValueError(f"sample: eos_id must be a token id in [0, {mask_id}), got {eos_id}.")
+
+
+def check_key(key):
+  """`key` is one PRNG key: a typed key of shape () or a raw uint32 key of shape [2]."""
+  typed = hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  shape = jnp.shape(key)
+  if not (shape == () if typed else len(shape) == 1 and jnp.asarray(key).dtype == jnp.uint32):
+    raise ValueError(
+      f"sample: key must be one PRNG key (jax.random.key or PRNGKey), got shape {shape}; rows "
+      "of a larger request take row_offset."
+    )
+
+
+def check_row_offset(row_offset):
+  """row_offset as an int32 scalar: an integer in [0, 2^31), or a traced integer scalar."""
+  if isinstance(row_offset, jax.core.Tracer):
+    if jnp.shape(row_offset) or not jnp.issubdtype(row_offset.dtype, jnp.integer):
+      raise ValueError(f"sample: row_offset must be an integer scalar, got {row_offset}.")
+    return row_offset.astype(jnp.int32)
+  value = np.asarray(row_offset)
+  integer = np.issubdtype(value.dtype, np.integer) and value.shape == ()
+  if not (integer and 0 <= int(value) < 2**31):
+    raise ValueError(f"sample: row_offset must be an integer >= 0, got {row_offset!r}.")
+  return jnp.asarray(int(value), jnp.int32)
+
+
+def check_inputs(denoiser: Denoiser, cache: str, batch_size: int, length: int):
+  """A Denoiser's inputs are {"segment_ids", "positions"} [1 or B, length] of a network, read
+  by cache "none" only."""
+  inputs = denoiser.inputs
+  if inputs is None:
+    return
+  if denoiser.network is None:
+    raise ValueError("sample: a Denoiser's inputs are read by a network (Denoiser.of_network).")
+  if not isinstance(inputs, dict) or not inputs or set(inputs) - INPUTS:
+    raise ValueError(
+      f"sample: a Denoiser's inputs must be a dict of {', '.join(sorted(INPUTS))}, got "
+      f"{sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__}."
+    )
+  if cache != "none":
+    raise ValueError(
+      f"sample: a Denoiser's per-row inputs (segment_ids, positions) are read with cache='none' "
+      f"only, got cache={cache!r}."
+    )
+  for name, value in inputs.items():
+    shape = jnp.shape(value)
+    if len(shape) != 2 or shape[0] not in (1, batch_size) or shape[1] != length:
+      raise ValueError(
+        f"sample: the Denoiser's inputs[{name!r}] must be [1 or batch_size={batch_size}, "
+        f"length={length}], got {shape}."
+      )
+    if not jnp.issubdtype(jnp.asarray(value).dtype, jnp.integer):
+      raise ValueError(f"sample: the Denoiser's inputs[{name!r}] must hold integers.")
 
 
 def check_prompt_shape(prompt, prompt_mask, batch_size: int, length: int):

@@ -6,12 +6,17 @@ the best one can never be drawn: sampling silently runs at a lower
 temperature (docs/math.md, "Float64-accurate Gumbel noise"). Here the exponential variate
 E = −log U behind the Gumbel −log E is built from two 32-bit draws, so E is
 accurate down to 2^-64 even when x64 is off, and the Gumbel reaches ~44.
+
+A key may be one key per row [B] (`md4jax.diffusion.masking.row_keys`): then row b's noise comes
+from keys[b] alone, whatever the other rows.
 """
 
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
+
+from md4jax.diffusion import masking
 
 Array = jax.Array
 
@@ -32,7 +37,10 @@ def _accurate_exponential(key: Array, shape) -> Array:
 
 
 def gumbel(key: Array, shape, noise: str = "float64") -> Array:
-  """Standard Gumbel noise; `noise="float32"` is jax.random.gumbel, kept only for comparison."""
+  """Standard Gumbel noise of `shape`; with one key per row [B], row b of [B, ...] from keys[b].
+  `noise="float32"` is jax.random.gumbel, kept only for comparison."""
+  if masking.is_per_row(key):
+    return jax.vmap(lambda row_key: gumbel(row_key, tuple(shape)[1:], noise))(key)
   if noise == "float64":
     return -jnp.log(_accurate_exponential(key, shape))
   if noise == "float32":
@@ -57,18 +65,32 @@ def filter_logits(
   logits = logits.astype(jnp.float32)
   if temperature > 0:
     logits = logits / temperature
+  # XLA may compute the logits twice, in two fusions whose transcendental functions (a sin, an
+  # exp) round differently: a threshold taken from one copy and compared with the other could
+  # drop the token it came from. So which tokens are kept is decided on the sorted copy alone.
   if top_k is not None and top_k < logits.shape[-1]:
-    kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
-    logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+    top_values, top_ids = jax.lax.top_k(logits, top_k)
+    kept = _scattered(top_ids, True, logits.shape)
+    kept |= logits >= top_values[..., -1:]  # Ties with the k-th largest stay, as before.
+    logits = jnp.where(kept, logits, -jnp.inf)
   if top_p is not None and top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    ids = jnp.broadcast_to(jnp.arange(logits.shape[-1], dtype=jnp.int32), logits.shape)
+    negated, order = jax.lax.sort_key_val(-logits, ids, dimension=logits.ndim - 1)
+    sorted_logits = -negated  # Descending; ties keep the lower id first.
     sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    # Smallest logit kept: the last one whose preceding mass is still below top_p.
+    # Smallest logit kept: the last one whose preceding mass is still below top_p; every
+    # logit equal to it stays too.
     num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
     threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
-    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    kept = _scattered(order, sorted_logits >= threshold, logits.shape)
+    logits = jnp.where(kept, logits, -jnp.inf)
   return logits
+
+
+def _scattered(ids, values, shape) -> Array:
+  """[..., V] bool: values at ids [..., n] along the last axis, False elsewhere."""
+  return jnp.put_along_axis(jnp.zeros(shape, bool), ids, values, axis=-1, inplace=False)
 
 
 def sample_categorical(
@@ -80,7 +102,8 @@ def sample_categorical(
   top_p: Optional[float] = None,
   noise: str = "float64",
 ) -> Array:
-  """Draws one id per row of logits [..., V] -> [...] int32; temperature 0 is greedy."""
+  """Draws one id per row of logits [..., V] -> [...] int32; temperature 0 is greedy. With one
+  key per row [B] (logits [B, ..., V]), row b draws from keys[b] alone."""
   logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
   if temperature == 0:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)

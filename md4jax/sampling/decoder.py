@@ -21,10 +21,18 @@ a network call on block k reads is the cache strategy's:
             (prefix), or of every position outside it (dual). They were computed while the block
             was masked, so prefix and dual approximate "none" (benchmarks/leaderboard.py).
 
+A `Denoiser`'s per-row `inputs` (segment_ids and positions [1 or B, length]: rows that start or
+end in padding) are read by cache "none" only: each call reads its window's columns of them
+(past `length`, the last segment and positions counting on).
+
 One jitted program per shape and setting, cached by jax.jit: the denoiser travels as an argument
 (a `Denoiser`'s params are pytree leaves), so fresh params of one shape never compile again.
-Block k draws with fold_in(key, k); a sample of one block draws with the key itself, so b = L is
-the plain sampler, token for token.
+
+Keys: every draw is per row, so a row's tokens depend only on the key, its row index in the
+request and its prompt (and inputs), never on the batch size or the other rows. Row b of the
+call is row r = row_offset + b of the request and draws from key_r = fold_in(key, r): its block k
+from fold_in(key_r, k), and a sample of one block from key_r itself (so b = L is
+`samplers.run` with the row keys, token for token).
 """
 
 import dataclasses
@@ -37,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from md4jax.diffusion.denoiser import Denoiser, as_denoiser
-from md4jax.sampling import arguments, samplers
+from md4jax.sampling import arguments, samplers, steps
 
 Array = jax.Array
 
@@ -96,12 +104,39 @@ def _guided(plan: _Plan, call, given):
   )
 
 
+def _padded_inputs(plan: _Plan, inputs):
+  """A Denoiser's inputs [R, length] continued to the padded sample [R, K b]: the last column's
+  segment, and positions counting on from its position."""
+  extra = plan.padded - plan.length
+  if inputs is None or not extra:
+    return inputs
+  padded = {}
+  for name, value in inputs.items():
+    value = jnp.asarray(value)
+    last = value[:, -1:]
+    more = last + 1 + jnp.arange(extra, dtype=value.dtype) if name == "positions" else last
+    padded[name] = jnp.concatenate([value, jnp.broadcast_to(more, (value.shape[0], extra))], 1)
+  return padded
+
+
+def _window_inputs(plan: _Plan, denoiser: Denoiser, first):
+  """The denoiser reading the window [first, first + window) of its inputs (padded already)."""
+  if denoiser.inputs is None or plan.window == plan.padded:
+    return denoiser
+  inputs = {
+    name: jax.lax.dynamic_slice_in_dim(value, first, plan.window, axis=1)
+    for name, value in denoiser.inputs.items()
+  }
+  return dataclasses.replace(denoiser, inputs=inputs)
+
+
 def _window_denoiser(plan: _Plan, denoiser, tokens, given, start):
   """Cache "none": block [start, start + b)'s denoise_fn, a call on the window ending with it."""
   if plan.window == plan.padded == plan.block_size:  # One block, the whole sample.
     return _guided(plan, denoiser, given)
   b, window, mask_id = plan.block_size, plan.window, plan.settings.mask_id
   first = jnp.maximum(start + b - window, 0)
+  denoiser = _window_inputs(plan, denoiser, first)
   shown = jax.lax.dynamic_slice_in_dim(tokens, first, window, axis=1)
   shown_given = jax.lax.dynamic_slice_in_dim(given, first, window, axis=1)
   # Later positions are masked; a prompt token there is known, and shown.
@@ -139,9 +174,9 @@ def _mixed(plan: _Plan, logits):
   return samplers.mix_guidance(logits, plan.guidance) if plan.guidance else logits
 
 
-def _block(plan: _Plan, key, denoiser, tokens, given, cache, block):
-  """Samples block `block` of tokens: (tokens, cache, calls, cache writes, first broken call of
-  the block or −1, trajectory)."""
+def _block(plan: _Plan, keys, denoiser, tokens, given, cache, block):
+  """Samples block `block` of tokens with the rows' keys [B]: (tokens, cache, calls, cache
+  writes, first broken call of the block or −1, trajectory)."""
   b, mask_id = plan.block_size, plan.settings.mask_id
   start = block * b
   z = jax.lax.dynamic_slice_in_dim(tokens, start, b, axis=1)
@@ -170,8 +205,8 @@ def _block(plan: _Plan, key, denoiser, tokens, given, cache, block):
     call = _cached_call(plan, denoiser, tokens, start, {**kv, "valid": valid}, block_given)
     block_denoiser = lambda z, alpha: _mixed(plan, call(z, alpha)[0])
     extra_calls = 1
-  block_key = key if plan.num_blocks == 1 else jax.random.fold_in(key, block)
-  new, calls, broken, trajectory = samplers.run(plan.settings, block_key, block_denoiser, z)
+  block_keys = keys if plan.num_blocks == 1 else steps.fold_in(keys, block)
+  new, calls, broken, trajectory = samplers.run(plan.settings, block_keys, block_denoiser, z)
   broken = jnp.where(broken >= 0, broken + extra_calls, -1)
   tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
   if plan.cache == "exact" and plan.slots:
@@ -195,7 +230,11 @@ def _ended(plan: _Plan, tokens, given, end):
   return ((tokens == plan.eos_id) & ~given & (columns < end)).any(-1)
 
 
-def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
+def _decode(plan: _Plan, key, row_offset, denoiser, prompt, prompt_mask):
+  rows = row_offset + jnp.arange(plan.batch_size, dtype=jnp.int32)
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, rows)  # Row r's key: fold_in(key, r).
+  if denoiser.inputs is not None:
+    denoiser = dataclasses.replace(denoiser, inputs=_padded_inputs(plan, denoiser.inputs))
   tokens, given = _initial(plan, prompt, prompt_mask)
   cache = None
   if plan.cache == "exact":
@@ -203,7 +242,7 @@ def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
   zero = jnp.int32(0)
   if plan.num_blocks == 1:
     tokens, _, nfe, writes, broken, trajectory = _block(
-      plan, key, denoiser, tokens, given, cache, zero
+      plan, keys, denoiser, tokens, given, cache, zero
     )
     blocks = jnp.int32(1)
   else:
@@ -218,7 +257,7 @@ def _decode(plan: _Plan, key, denoiser, prompt, prompt_mask):
     def one_block(carry):
       block, tokens, cache, nfe, writes, broken = carry
       tokens, cache, calls, wrote, new_broken, _ = _block(
-        plan, key, denoiser, tokens, given, cache, block
+        plan, keys, denoiser, tokens, given, cache, block
       )
       broken = jnp.where((broken < 0) & (new_broken >= 0), nfe + new_broken, broken)
       return block + 1, tokens, cache, nfe + calls, writes + wrote, broken
@@ -248,9 +287,9 @@ _decode_jit = jax.jit(_decode, static_argnums=0)
 _PLAIN_PROGRAMS = weakref.WeakKeyDictionary()
 
 
-def _decode_plain(reference, plan: _Plan, key, prompt, prompt_mask):
+def _decode_plain(reference, plan: _Plan, key, row_offset, prompt, prompt_mask):
   """_decode of the plain function `reference` (a weakref, alive while its program is used)."""
-  return _decode(plan, key, as_denoiser(reference()), prompt, prompt_mask)
+  return _decode(plan, key, row_offset, as_denoiser(reference()), prompt, prompt_mask)
 
 
 def _this_call(plan: _Plan):
@@ -259,9 +298,9 @@ def _this_call(plan: _Plan):
 
 
 def _program(plan: _Plan, denoise_fn):
-  """decode(key, denoiser, prompt, prompt_mask), jitted for this plan and denoiser. A program
-  whose schedule holds arrays (a learned schedule, made anew from each params) is this call's
-  own: kept, it would be compiled again for the next schedule and keep this one alive."""
+  """decode(key, row_offset, denoiser, prompt, prompt_mask), jitted for this plan and denoiser.
+  A program whose schedule holds arrays (a learned schedule, made anew from each params) is this
+  call's own: kept, it would be compiled again for the next schedule and keep this one alive."""
   try:
     hash(plan)
   except TypeError:  # An unhashable setting.
@@ -280,7 +319,9 @@ def _program(plan: _Plan, denoise_fn):
     reference = weakref.WeakMethod(denoise_fn) if method else weakref.ref(denoise_fn)
     programs[name] = jax.jit(functools.partial(_decode_plain, reference), static_argnums=0)
   program = programs[name]
-  return lambda key, denoiser, prompt, prompt_mask: program(plan, key, prompt, prompt_mask)
+  return lambda key, row_offset, denoiser, prompt, prompt_mask: program(
+    plan, key, row_offset, prompt, prompt_mask
+  )
 
 
 def sample(
@@ -304,6 +345,7 @@ def sample(
   eos_id: Optional[int] = None,
   time_grid_kind: str = "uniform",
   confidence: str = "max_prob",
+  reveal_counts: str = "schedule",
   threshold: Optional[float] = None,
   noise: str = "float64",
   remask: str = "cap",
@@ -313,13 +355,18 @@ def sample(
   guidance_scale: float = 0.0,
   record_trajectory: bool = False,
   trajectory_top_k: int = 5,
+  row_offset=0,
 ):
   """Generates [B, length] int32 tokens from all-mask, block after block (the module docstring).
 
   Args:
+    key: one PRNG key for the whole request; row r draws from fold_in(key, r) alone (the module
+      docstring), so a row's tokens are the same at any batch size.
     denoise_fn: a `Denoiser` (params as pytree leaves: compiled once per shape), or any
       callable denoise_fn(z [B, L], alpha [B]) -> logits [B, L, V] (V = mask_id), compiled
-      once per callable object. cache "exact", "prefix" and "dual" need a network's Denoiser.
+      once per callable object. cache "exact", "prefix" and "dual" need a network's Denoiser
+      without per-row inputs; a Denoiser's inputs [1 or B, length] (segment_ids 0 marking
+      padding, positions) serve cache "none".
     prompt, prompt_mask: tokens [P] or [B, P] (P <= length) and where they are given (default:
       wherever prompt != mask_id); those positions never change (infilling when scattered).
     block_size: tokens per block (default: length, one block); the last block may run past
@@ -341,11 +388,22 @@ def sample(
       cache "none"): each call mixes the denoiser's log-probs as (1 + w) cond − w uncond, uncond
       with the prompt masked (one call on the doubled batch; the caches keep both halves); 0 is
       the conditional model, bit for bit. Needs a prompt.
+    confidence: method="confidence"'s ranking: "max_prob", "margin", "neg_entropy" (of the law
+      after temperature / top-k / top-p), "drawn_prob" (the plain softmax probability of the
+      token drawn: LLaDA's low_confidence) or "drawn_filtered_prob" (its probability under that
+      law: Dream's maskgit_plus).
+    reveal_counts: method="confidence"'s positions revealed per step: "schedule" (default), "even"
+      (LLaDA's) or "proportional" (Dream's); `unmasking.reveal_count`.
+    row_offset: the request's row index of this call's row 0: rows row_offset .. row_offset + B − 1
+      of a larger request (an integer >= 0; a traced one under jit). A call at batch 2 with
+      row_offset 3 returns rows 3 and 4 of the same call at batch 8, bit for bit wherever a
+      row's logits are (a network's may round differently at another batch size: on XLA's CPU
+      by ~1e-5, which decides a draw or a rank only at a near-tie).
     record_trajectory: one block only: also return info["trajectory"]: "tokens" [S + 1, B, L]
       (the state before the first step and after each step), the denoiser's "top_ids" /
       "top_probs" [S, B, L, K] and "alphas" [S, B] at each step (the times t for a
-      state-dependent schedule), S = max_calls(method, length, num_steps, remask_loop) (steps
-      past info["nfe"] repeat the end).
+      state-dependent schedule), S = max_calls(method, length, num_steps, remask_loop,
+      reveal_counts) (steps past info["nfe"] repeat the end).
 
   Returns:
     (tokens [B, length] int32, info): info["nfe"] the network calls that sample (a block's
@@ -358,6 +416,9 @@ def sample(
   denoiser = as_denoiser(denoise_fn)
   block_size, num_blocks, window = arguments.check_blocks(length, block_size, context_length)
   padded = num_blocks * block_size
+  arguments.check_key(key)
+  row_offset = arguments.check_row_offset(row_offset)
+  arguments.check_inputs(denoiser, cache, batch_size, length)
   arguments.check_cache(cache, denoiser, block_size, window, padded)
   samplers.check_settings(
     schedule=schedule,
@@ -370,6 +431,7 @@ def sample(
     noise=noise,
     time_grid_kind=time_grid_kind,
     confidence=confidence,
+    reveal_counts=reveal_counts,
     remask=remask,
     remask_eta=remask_eta,
     remask_loop=remask_loop,
@@ -387,6 +449,7 @@ def sample(
     top_p=top_p,
     time_grid_kind=time_grid_kind,
     confidence=confidence,
+    reveal_counts=reveal_counts,
     threshold=threshold,
     noise=noise,
     remask=remask,
@@ -427,7 +490,7 @@ def sample(
   )
   if prompt is not None and concrete:
     arguments.check_prompt(prompt, prompt_mask, mask_id)
-  tokens, info = _program(plan, denoise_fn)(key, denoiser, prompt, prompt_mask)
+  tokens, info = _program(plan, denoise_fn)(key, row_offset, denoiser, prompt, prompt_mask)
   info["cache_bytes"] = _cache_bytes(plan, denoiser)
   if not isinstance(info["nfe"], jax.core.Tracer):
     samplers.check_logits(info, method)

@@ -45,7 +45,7 @@ def sample_remdm(
 
   From t to s a visible token is masked with prob σ_t and a masked one revealed with prob
   (α_s − (1 − σ_t) α_t) / (1 − α_t), which keeps the forward marginals; σ_t = 0 is ancestral,
-  token for token (the same keys). With loop_steps > 0 (ReMDM-loop), the grid's steps do not
+  token for token (the same keys). `key` is one key per row [B]. With loop_steps > 0 (ReMDM-loop), the grid's steps do not
   remask; after the first step that reaches α ≥ loop_alpha, loop_steps more steps run at that
   fixed α, each remasking with the strategy's σ. Prompt positions are never masked.
   """
@@ -65,10 +65,9 @@ def sample_remdm(
     after_loop = (loop_steps > 0) & (i >= loop_start + loop_steps)
     step = jnp.where(after_loop, num_steps - (i - loop_steps), num_steps - i)
     step = jnp.where(in_loop, loop_after - 1, step)  # Held at α(t_{k*−1}).
-    step_key = jnp.where(
-      in_loop, jax.random.fold_in(key, num_steps + 1 + i), jax.random.fold_in(key, step)
-    )
-    reveal_key, draw_key = jax.random.split(step_key)
+    # Per-row keys [B]; a loop step's keys lie past the grid's, so they never repeat one.
+    step_key = steps.fold_in(key, jnp.where(in_loop, num_steps + 1 + i, step))
+    reveal_key, draw_key = steps.split(step_key, 2)
     mask_t = mask_grid[step]
     mask_s = jnp.where(in_loop, mask_t, mask_grid[step - 1])
     alpha_t = 1.0 - mask_t
@@ -86,8 +85,8 @@ def sample_remdm(
     reveal_prob = jnp.where(
       (step == 1) & ~in_loop, 1.0, base + masked_sigma * alpha_t / jnp.maximum(mask_t, 1e-30)
     )
-    reveal = masked & (jax.random.uniform(reveal_key, z.shape) < reveal_prob)
-    remask = visible & (jax.random.uniform(jax.random.fold_in(step_key, 2), z.shape) < sigma)
+    reveal = masked & (steps.uniform(reveal_key, z.shape) < reveal_prob)
+    remask = visible & (steps.uniform(steps.fold_in(step_key, 2), z.shape) < sigma)
     alpha = steps.alphas(schedule, grid[step], batch_size)
     logits = denoise_fn(z, alpha).astype(jnp.float32)
     first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))

@@ -7,8 +7,10 @@ loops are `lax.fori_loop` / `lax.while_loop`. `run` samples one block from its i
 `check_settings` the one check of them that `sample` and the config validation share.
 
 Every loop is bounded by the calls its method states (`max_calls`): the adaptive ones
-(jump, first_hitting, confidence, threshold) reveal at least one masked position of every
-unfinished row per call, whatever the logits, and no method returns the mask id. Logits
+(jump, first_hitting, threshold, confidence with the schedule's counts) reveal at least one
+masked position of every unfinished row per call, whatever the logits (confidence's other
+counts reveal what their rule says, all that is left by the last step), and no method returns
+the mask id. Logits
 with a NaN or +inf, or with no finite value, at a masked position are reported
 (info["nonfinite_call"]) and raised as NonFiniteLogitsError.
 
@@ -34,9 +36,15 @@ Methods (in `unmasking`, which only reveals, and `remasking`; their shared steps
                  reveal happens at λ·u^(1/n) and reveals one uniformly chosen
                  masked position (one network call per masked position).
   confidence     MaskGIT-style heuristic (not the reverse process): each step
-                 reveals the most confident masked positions, as many as the
-                 schedule's mask rate says should remain masked, and at least
-                 one per sequence; it stops when nothing is masked (≤ min(T, L) calls).
+                 reveals the most confident masked positions (`confidence`: LLaDA's
+                 low_confidence is "drawn_prob", Dream's maskgit_plus
+                 "drawn_filtered_prob"; at temperature 0 both are "max_prob"), as many
+                 as `reveal_counts` says: "schedule", all but the schedule's share of
+                 the initial masks and at least one per sequence; "even", LLaDA's
+                 equal split of the block's masks over the T steps; "proportional",
+                 Dream's share 1 − s/t of the masks left (`unmasking.reveal_count`).
+                 It stops when nothing is masked (≤ min(T, L) calls; "proportional":
+                 T, since a mask is left until its last step).
   threshold      Fast-dLLM parallel decoding (a heuristic): each call reveals
                  every masked position whose top probability (under the
                  temperature / top-k / top-p law; at temperature 0, the plain
@@ -52,6 +60,9 @@ Methods (in `unmasking`, which only reveals, and `remasking`; their shared steps
 
 A state-dependent schedule (GenMD4) samples with "ancestral" only, and its
 denoiser is called as denoise_fn(z, t [B]) (`unmasking.sample_state_dependent`).
+
+Every draw is per row: `run` takes one key, whose row b draws from fold_in(key, b), or one key
+per row [B]; either way a row's tokens depend on its own key alone, not on the other rows.
 """
 
 import dataclasses
@@ -74,13 +85,14 @@ from md4jax.sampling.steps import (
   max_calls,
   time_grid,
 )
-from md4jax.sampling.unmasking import CONFIDENCES
+from md4jax.sampling.unmasking import CONFIDENCES, REVEAL_COUNTS
 
 __all__ = [
   "CONFIDENCES",
   "METHODS",
   "NonFiniteLogitsError",
   "REMASKS",
+  "REVEAL_COUNTS",
   "Settings",
   "TIME_FREE_METHODS",
   "TIME_GRIDS",
@@ -110,6 +122,7 @@ class Settings:
   top_p: Optional[float] = None
   time_grid_kind: str = "uniform"
   confidence: str = "max_prob"
+  reveal_counts: str = "schedule"
   threshold: Optional[float] = None
   noise: str = "float64"
   remask: str = "cap"
@@ -141,7 +154,7 @@ class Settings:
 
   def max_calls(self, length: int) -> int:
     """The calls a block of `length` positions takes at most."""
-    return max_calls(self.method, length, self.num_steps, self.remask_loop)
+    return max_calls(self.method, length, self.num_steps, self.remask_loop, self.reveal_counts)
 
 
 # One signature for every sampler: (settings, key, denoise_fn, z, trajectory) ->
@@ -171,6 +184,7 @@ _SAMPLERS = {
     s.filtered,
     s.confidence,
     tr,
+    s.reveal_counts,
   ),
   "threshold": lambda s, key, f, z, tr: unmasking.sample_threshold(
     key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr
@@ -197,7 +211,9 @@ assert set(_SAMPLERS) == set(METHODS)
 
 def run(settings: Settings, key, denoise_fn, z):
   """Samples the masked positions of z [B, L] (the others are given and never change): (tokens,
-  calls, the first call whose logits were broken or −1, trajectory or None)."""
+  calls, the first call whose logits were broken or −1, trajectory or None). `key` is one key
+  (row b draws from fold_in(key, b)) or one key per row [B]."""
+  key = steps.row_keys(key, z.shape[0])
   denoise_fn = bounds.checked_denoiser(denoise_fn, settings.mask_id)
   trajectory = None
   if settings.record_trajectory:
@@ -254,6 +270,7 @@ def check_settings(
   noise: str = "float64",
   time_grid_kind: str = "uniform",
   confidence: str = "max_prob",
+  reveal_counts: str = "schedule",
   remask: str = "cap",
   remask_eta: float = 0.0,
   remask_loop: int = 0,
@@ -298,6 +315,12 @@ def check_settings(
   choice(noise, "noise", "noises", categorical.NOISE_KINDS)
   choice(time_grid_kind, "time_grid_kind", "time grids", TIME_GRIDS)
   choice(confidence, "confidence", "confidences", CONFIDENCES)
+  choice(reveal_counts, "reveal_counts", "reveal counts", REVEAL_COUNTS)
+  require(
+    reveal_counts == "schedule" or method == "confidence",
+    f"{name('reveal_counts')}={reveal_counts!r} applies to method='confidence' only; got "
+    f"{name('method')}={method!r}.",
+  )
   require(temperature >= 0, f"{name('temperature')} must be >= 0, got {temperature}.")
   require(
     top_k is None or (_is_integer(top_k) and top_k >= 1),

@@ -1,15 +1,41 @@
-"""What every sampler's step shares: the time grid and the reveal probability on it, the ranking
-of masked positions, the trajectory record, the bound on network calls and the broken-logits
-check. Pure, traceable functions (but `check_logits`, which runs on the host)."""
+"""What every sampler's step shares: the per-row keys, the time grid and the reveal probability
+on it, the ranking of masked positions, the trajectory record, the bound on network calls and the
+broken-logits check. Pure, traceable functions (but `check_logits`, which runs on the host).
+
+Every draw of a sampler is per row: row b draws only from its own key keys[b], so its tokens do
+not depend on the other rows, nor on the batch size (`md4jax.sampling.decoder`).
+"""
 
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from md4jax.diffusion import masking
+
 Array = jax.Array
 
 TIME_GRIDS = ("uniform", "cosine")
+
+
+def row_keys(key, batch_size: int) -> Array:
+  """One key per row [B]: fold_in(key, b), or `key` itself if it already is one key per row."""
+  return masking.row_keys(key, batch_size)
+
+
+def fold_in(keys, data) -> Array:
+  """fold_in(keys[b], data) for every row, [B]."""
+  return jax.vmap(jax.random.fold_in, (0, None))(keys, data)
+
+
+def split(keys, num: int) -> tuple:
+  """`num` independent per-row key arrays [B] from one."""
+  return masking.split_keys(keys, num)
+
+
+def uniform(keys, shape, minval=0.0) -> Array:
+  """U[minval, 1) of `shape` [B, ...], row b from keys[b] alone."""
+  return jax.vmap(lambda key: jax.random.uniform(key, shape[1:], minval=minval))(keys)
 
 
 def time_grid(num_steps: int, kind: str = "uniform") -> Array:
@@ -76,12 +102,21 @@ def repeat_final(trajectory, z, nfe):
 
 
 # Network calls a method makes at most, for a batch of L positions and T steps. Every unfinished
-# row reveals at least one masked position per call of the adaptive methods.
-def max_calls(method: str, length: int, num_steps: Optional[int], remask_loop: int = 0) -> int:
+# row reveals at least one masked position per call of the adaptive methods; confidence's
+# "proportional" counts may reveal none on a step, and keep a mask until the last of its T steps.
+def max_calls(
+  method: str,
+  length: int,
+  num_steps: Optional[int],
+  remask_loop: int = 0,
+  reveal_counts: str = "schedule",
+) -> int:
   if method in ("ancestral", "cached"):
     return num_steps
   if method == "remdm":
     return num_steps + remask_loop
+  if method == "confidence" and reveal_counts == "proportional":
+    return num_steps
   if method in ("jump", "confidence"):
     return min(num_steps, length)
   return length  # first_hitting, threshold.
