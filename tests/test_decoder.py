@@ -220,3 +220,28 @@ def test_blocks_before_a_given_token_draw_the_exact_conditional():
   np.testing.assert_array_less(np.abs(counts / n - exact), 4 * stderr + 1e-12)
   # Without the given token shown, x_6 would follow the stationary law instead: the test tells.
   assert np.abs(language.initial - exact).max() > 8 * stderr.max()
+
+
+def test_blocks_after_the_prompt():
+  """block_offset starts the blocks at the prompt's end (LLaDA's semi-AR decoding): one block
+  after the prompt is the plain one-block sample; blocks of 2 after a 3-token prompt reveal the
+  generated positions block after block; the exact cache, or a prompt narrower than the offset,
+  is refused."""
+  model, init = _network()
+  denoiser = Denoiser.of_network(model, init(0))
+  prompt = jnp.asarray([[1, 2, 3]] * 3, jnp.int32)
+  kwargs = dict(method="confidence", temperature=0.0, prompt=prompt, reveal_counts="even")
+  whole, _ = _sample(denoiser, **kwargs)
+  after, info = _sample(denoiser, block_offset=3, **kwargs)
+  np.testing.assert_array_equal(after, whole)
+  assert int(info["num_blocks"]) == 1
+  tokens, info = _sample(denoiser, block_offset=3, block_size=2, **kwargs)
+  assert int(info["num_blocks"]) == 3 and tokens.shape == (3, 8)  # Blocks [3, 5), [5, 7), [7, 9).
+  np.testing.assert_array_equal(tokens[:, :3], prompt)
+  assert (np.asarray(tokens) < VOCAB).all()
+  with pytest.raises(ValueError, match="the exact cache's blocks are the network's own"):
+    _sample(denoiser, block_offset=3, block_size=2, cache="exact", **kwargs)
+  with pytest.raises(ValueError, match="after a prompt at least that wide"):
+    _sample(denoiser, block_offset=4, block_size=2, **kwargs)
+  with pytest.raises(ValueError, match="block_offset must lie in"):
+    _sample(denoiser, block_offset=8, **kwargs)

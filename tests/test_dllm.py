@@ -15,6 +15,7 @@ import json
 import pathlib
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -200,3 +201,150 @@ def test_lladas_monte_carlo_likelihood_is_the_mask_count_nelbo(tmp_path, suppres
   batches = per_draw.reshape(-1, int(golden["batch_size"])).mean(1)  # Their loss per batch.
   np.testing.assert_allclose(batches, golden["losses" + suffix], rtol=2e-5)
   np.testing.assert_allclose(-per_draw.mean(), golden["log_likelihood" + suffix], rtol=2e-5)
+
+
+def _their_tokens(ids, mask_id, vocab):
+  """Their ids with their mask id as md4jax's (V)."""
+  return np.where(ids == mask_id, vocab, ids)
+
+
+@pytest.fixture(scope="module")
+def golden_models(tmp_path_factory):
+  """{name: md4jax.load of the converted golden folder}, converted once for the module."""
+  root = tmp_path_factory.mktemp("dllm")
+  return {name: converted(root, name) for name in MODELS}
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_lladas_generate_token_for_token(golden_models, case):
+  """LLaDA's generate at temperature 0 (low-confidence remasking, semi-autoregressive blocks
+  after the prompt, steps split evenly with the remainder first, classifier-free guidance) is
+  method="confidence" with reveal_counts="even" in blocks from the prompt's end."""
+  loaded = golden_models["llada"]
+  golden = np.load(GOLDEN / "llada" / "generate.npz")
+  get = lambda field: golden[f"c{case}_{field}"]
+  assert str(get("remasking")) == "low_confidence" and float(get("temperature")) == 0.0
+  prompt = get("prompt")
+  gen_length, block_length = int(get("gen_length")), int(get("block_length"))
+  num_blocks = gen_length // block_length
+  vocab = loaded.config.data.vocab_size
+  tokens, info = md4jax_sample(
+    loaded,
+    batch_size=prompt.shape[0],
+    length=prompt.shape[1] + gen_length,
+    method="confidence",
+    num_steps=int(get("steps")) // num_blocks,
+    temperature=0.0,
+    prompt=jnp.asarray(prompt),
+    block_size=block_length,
+    block_offset=prompt.shape[1],
+    reveal_counts="even",
+    guidance_scale=float(get("cfg_scale")),
+  )
+  np.testing.assert_array_equal(np.asarray(tokens), _their_tokens(get("output"), 126, vocab))
+  assert int(info["num_blocks"]) == num_blocks
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_dreams_diffusion_generate_token_for_token(golden_models, case):
+  """Dream's diffusion_generate at temperature 0 (maskgit_plus, topk_margin, entropy; top_p) is
+  method="confidence" with confidence max_prob, margin, neg_entropy and reveal_counts
+  "proportional", over the whole canvas."""
+  loaded = golden_models["dream"]
+  golden = np.load(GOLDEN / "dream" / "generate.npz")
+  get = lambda field: golden[f"c{case}_{field}"]
+  confidence = {"maskgit_plus": "max_prob", "topk_margin": "margin", "entropy": "neg_entropy"}
+  prompt = get("prompt")
+  top_p = float(get("top_p"))
+  tokens, _ = md4jax_sample(
+    loaded,
+    batch_size=prompt.shape[0],
+    length=prompt.shape[1] + int(get("max_new_tokens")),
+    method="confidence",
+    confidence=confidence[str(get("alg"))],
+    num_steps=int(get("steps")),
+    temperature=0.0,
+    top_p=top_p if top_p < 1 else None,
+    prompt=jnp.asarray(prompt),
+    reveal_counts="proportional",
+  )
+  vocab = loaded.config.data.vocab_size
+  np.testing.assert_array_equal(np.asarray(tokens), _their_tokens(get("output"), 126, vocab))
+
+
+def md4jax_sample(loaded, **kwargs):
+  """md4jax.sample with the loaded model's denoiser, schedule and mask id."""
+  import md4jax  # pylint: disable=g-import-not-at-top
+
+  return md4jax.sample(
+    jax.random.PRNGKey(0),
+    loaded.denoise_fn,
+    schedule=loaded.schedule,
+    mask_id=loaded.mask_id,
+    **kwargs,
+  )
+
+
+# Their decoding as config.sample keys: LLaDA's blocks after the prompt, Dream's whole canvas.
+THEIR_DECODING = {
+  "llada": (
+    "--config.sample.reveal_counts=even",
+    "--config.sample.blocks_after_prompt=true",
+    "--config.sample.block_length=2",
+  ),
+  "dream": ("--config.sample.reveal_counts=proportional", "--config.sample.confidence=margin"),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cli_converts_then_fine_tunes_and_chats(tmp_path, name):
+  """docs/convert.md's walk-through on the golden folder: convert onto prompt/response pairs, SFT
+  (only responses masked) resuming from step 0, evaluate, and sample a chat turn."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  pairs = tmp_path / "pairs.jsonl"
+  pairs.write_text(
+    "".join(json.dumps({"prompt": f"{i}+{i}=", "response": str(2 * i)}) + "\n" for i in range(80))
+  )
+  workdir = tmp_path / name
+  run = lambda *args: subprocess.run(
+    [sys.executable, "-m", *args],
+    cwd=GOLDEN.parent.parent,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  result = run(
+    "md4jax.convert",
+    f"--in={GOLDEN / name}",
+    f"--out={workdir}",
+    "--config=configs/conditional.py",
+    f"--config.data.path={pairs}",
+    "--config.data.seq_len=32",
+    "--config.batch_size=8",
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  result = run(
+    "md4jax.main",
+    f"--config=configs/workdir.py:{workdir}",
+    f"--workdir={workdir}",
+    "--config.num_train_steps=2",
+    "--config.optimizer.warmup_steps=1",
+    "--config.eval.num_sequences=8",
+    "--config.eval.batch_size=8",
+    "--config.sample.num_samples=1",
+    "--config.sample.trajectory=False",
+    "--config.sample.chat=true",
+    "--config.sample.prompt=7+7=",
+    "--config.sample.method=confidence",
+    "--config.sample.temperature=0",
+    "--config.sample.num_steps=4",
+    *THEIR_DECODING[name],
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Resuming from the checkpoint of step 0" in result.stdout
+  assert "NELBO" in result.stdout
+  sample = json.loads((workdir / "samples.jsonl").read_text().splitlines()[0])
+  turn = {"llada": "<|start_header_id|>user<|end_header_id|>", "dream": "<|im_start|>user"}[name]
+  assert sample["step"] == 2 and sample["text"].startswith(turn)

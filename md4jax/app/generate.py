@@ -34,6 +34,11 @@ def settings(config: ml_collections.ConfigDict) -> dict:
     "temperature": cfg.temperature,
     "threshold": cfg.threshold if method == "threshold" else None,
     **(
+      {"confidence": cfg.confidence, "reveal_counts": cfg.reveal_counts}
+      if method == "confidence"
+      else {}
+    ),
+    **(
       {
         "remask": cfg.remask,
         "remask_eta": cfg.remask_eta,
@@ -95,6 +100,8 @@ def decoding(config: ml_collections.ConfigDict, model, length: int) -> dict:
     return dict(blocks, block_size=model.block_size, cache="exact")
   if cfg.cache != "none":
     return dict(blocks, block_size=cfg.block_length, cache=cfg.cache, context_length=None)
+  if cfg.blocks_after_prompt and cfg.block_length and length <= seq_len:  # LLaDA's blocks.
+    return dict(blocks, block_size=cfg.block_length, cache="none", context_length=None)
   if length > seq_len:
     return dict(blocks, block_size=cfg.block_length or seq_len // 2, cache="none")
   return dict(method=cfg.method, block_size=None, cache="none", context_length=None)
@@ -113,7 +120,12 @@ def sampler_kwargs(config: ml_collections.ConfigDict, params, temperature=None) 
     temperature=cfg.temperature if temperature is None else float(temperature),
     top_k=run["top_k"],
     top_p=run["top_p"],
-    **{k: run[k] for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha") if k in run},
+    **{
+      k: run[k]
+      for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha", "confidence")
+      if k in run
+    },
+    **({"reveal_counts": run["reveal_counts"]} if "reveal_counts" in run else {}),
   )
 
 
@@ -126,6 +138,8 @@ def generate(
   # Host arrays: with params spread over several processes, jit places them on every device.
   prompt = np.asarray(prompt_ids, np.int32) if len(prompt_ids) else None
   how = decoding(config, model, length)
+  if cfg.blocks_after_prompt and config.model.type == "mdm" and prompt is not None:
+    how["block_offset"] = len(prompt_ids)
   record_trajectory = record_trajectory and how["block_size"] is None and config.model.type == "mdm"
   kwargs = dict(
     sampler_kwargs(config, params),

@@ -36,6 +36,22 @@ def _validate_sample(config: ml_collections.ConfigDict):
   )
   check(isinstance(sample.chat, bool), f"sample.chat must be true or false, got {sample.chat!r}.")
   check(
+    isinstance(sample.blocks_after_prompt, bool),
+    f"sample.blocks_after_prompt must be true or false, got {sample.blocks_after_prompt!r}.",
+  )
+  check(
+    not sample.blocks_after_prompt
+    or (sample.prompt and sample.block_length > 0 and model.type == "mdm"),
+    "sample.blocks_after_prompt starts sample.block_length's blocks (> 0) after sample.prompt "
+    f"(non-empty) of an mdm; got block_length={sample.block_length}, prompt={sample.prompt!r}, "
+    f"model.type={model.type!r}.",
+  )
+  check(
+    not (sample.blocks_after_prompt and 0 < config.diffusion.block_size < data.seq_len),
+    "sample.blocks_after_prompt: block diffusion decodes in its network's own blocks, from "
+    "position 0; set it false.",
+  )
+  check(
     not sample.chat or data.chat_template,
     "sample.chat renders sample.prompt in data.chat_template, which is empty (md4jax.convert "
     "sets it from a folder's tokenizer_config.json).",
@@ -55,6 +71,8 @@ def _validate_sample(config: ml_collections.ConfigDict):
       temperature=sample.temperature,
       top_k=sample.top_k or None,
       top_p=sample.top_p,
+      confidence=sample.confidence,
+      reveal_counts=sample.reveal_counts,
       remask=sample.remask,
       remask_eta=sample.remask_eta,
       remask_loop=sample.remask_loop,

@@ -20,19 +20,27 @@ INPUTS = {"segment_ids", "positions"}  # A Denoiser's per-row inputs the decoder
 
 
 def check_blocks(
-  length: int, block_size: Optional[int], context_length: Optional[int]
+  length: int, block_size: Optional[int], context_length: Optional[int], block_offset: int = 0
 ) -> tuple[int, int, int]:
-  """(block_size, num_blocks, window): blocks of block_size (default: length, one block) and the
-  positions a call of cache "none" reads (context_length, at most the padded sample)."""
-  block_size = length if block_size is None else block_size
+  """(block_size, num_blocks, window): blocks of block_size (default: the length after
+  block_offset, one block) tiling [block_offset, length), and the positions a call of cache
+  "none" reads (context_length, at most the padded sample)."""
+  if not (isinstance(block_offset, numbers.Integral) and not isinstance(block_offset, bool)):
+    raise ValueError(f"sample: block_offset must be an integer, got {block_offset!r}.")
+  if not (isinstance(length, numbers.Integral) and 0 <= block_offset < length):
+    raise ValueError(
+      f"sample: block_offset must lie in [0, length={length}) (the prompt's width), "
+      f"got {block_offset}."
+    )
+  block_size = length - block_offset if block_size is None else block_size
   integers = all(
     isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (length, block_size)
   )
   if not (integers and length >= 1 and block_size >= 1):
     raise ValueError(f"sample: need length >= 1 and block_size >= 1, got {length}, {block_size}.")
   length, block_size = int(length), int(block_size)
-  num_blocks = math.ceil(length / block_size)
-  padded = num_blocks * block_size
+  num_blocks = math.ceil((length - block_offset) / block_size)
+  padded = block_offset + num_blocks * block_size
   if context_length is not None and (context_length < block_size or context_length % block_size):
     raise ValueError(
       f"sample: context_length must be a multiple of block_size {block_size}, got {context_length}."

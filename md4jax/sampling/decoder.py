@@ -1,7 +1,8 @@
 """The block decoder: `sample`, every sampler method run block after block with a cache strategy.
 
-A sample of L tokens is K = ⌈L / b⌉ blocks of b tokens (one block of L by default), sampled one
-after another, each by any method of `md4jax.sampling.samplers` given the blocks before it. What
+A sample of L tokens is K = ⌈(L − o) / b⌉ blocks of b tokens after a block offset o (0, or the
+prompt's width: LLaDA's blocks start after the prompt; one block of L − o by default), sampled
+one after another, each by any method of `md4jax.sampling.samplers` given the blocks before it. What
 a network call on block k reads is the cache strategy's:
 
   "none"    the denoiser runs on a window of context_length positions ending with the block
@@ -43,6 +44,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from md4jax.diffusion.denoiser import Denoiser, as_denoiser
 from md4jax.sampling import arguments, samplers, steps
@@ -64,10 +66,11 @@ class _Plan:
   slots: int  # Positions the exact cache holds.
   guidance: float
   eos_id: Optional[int]
+  offset: int = 0  # Where the first block starts: the positions before it are given.
 
   @property
   def padded(self) -> int:
-    return self.num_blocks * self.block_size
+    return self.offset + self.num_blocks * self.block_size
 
   @property
   def rows(self) -> int:
@@ -178,7 +181,7 @@ def _block(plan: _Plan, keys, denoiser, tokens, given, cache, block):
   """Samples block `block` of tokens with the rows' keys [B]: (tokens, cache, calls, cache
   writes, first broken call of the block or −1, trajectory)."""
   b, mask_id = plan.block_size, plan.settings.mask_id
-  start = block * b
+  start = plan.offset + block * b
   z = jax.lax.dynamic_slice_in_dim(tokens, start, b, axis=1)
   block_given = jax.lax.dynamic_slice_in_dim(given, start, b, axis=1)
   clean_alpha = jnp.ones((plan.batch_size,), jnp.float32)  # A cache write reads clean tokens.
@@ -251,7 +254,7 @@ def _decode(plan: _Plan, key, row_offset, denoiser, prompt, prompt_mask):
       block, tokens = carry[0], carry[1]
       going = block < plan.num_blocks
       if plan.eos_id is not None:
-        going &= ~_ended(plan, tokens, given, block * plan.block_size).all()
+        going &= ~_ended(plan, tokens, given, plan.offset + block * plan.block_size).all()
       return going
 
     def one_block(carry):
@@ -356,6 +359,7 @@ def sample(
   record_trajectory: bool = False,
   trajectory_top_k: int = 5,
   row_offset=0,
+  block_offset: int = 0,
 ):
   """Generates [B, length] int32 tokens from all-mask, block after block (the module docstring).
 
@@ -394,6 +398,8 @@ def sample(
       law: Dream's maskgit_plus).
     reveal_counts: method="confidence"'s positions revealed per step: "schedule" (default), "even"
       (LLaDA's) or "proportional" (Dream's); `unmasking.reveal_count`.
+    block_offset: where the first block starts (LLaDA's and Fast-dLLM's blocks start after the
+      prompt: its width), the positions before it given by the prompt; cache none, prefix or dual.
     row_offset: the request's row index of this call's row 0: rows row_offset .. row_offset + B − 1
       of a larger request (an integer >= 0; a traced one under jit). A call at batch 2 with
       row_offset 3 returns rows 3 and 4 of the same call at batch 8, bit for bit wherever a
@@ -414,8 +420,16 @@ def sample(
     inside a caller's jit, check the info with `check_logits`.
   """
   denoiser = as_denoiser(denoise_fn)
-  block_size, num_blocks, window = arguments.check_blocks(length, block_size, context_length)
-  padded = num_blocks * block_size
+  block_size, num_blocks, window = arguments.check_blocks(
+    length, block_size, context_length, block_offset
+  )
+  padded = block_offset + num_blocks * block_size
+  if block_offset and (cache == "exact" or prompt is None or np.shape(prompt)[-1] < block_offset):
+    raise ValueError(
+      f"sample: block_offset={block_offset} starts the blocks after a prompt at least that wide "
+      f"(given: {None if prompt is None else np.shape(prompt)[-1]}), with cache none, prefix or "
+      f"dual (the exact cache's blocks are the network's own, from position 0; got {cache!r})."
+    )
   arguments.check_key(key)
   row_offset = arguments.check_row_offset(row_offset)
   arguments.check_inputs(denoiser, cache, batch_size, length)
@@ -484,6 +498,7 @@ def sample(
     slots=slots,
     guidance=float(guidance_scale),
     eos_id=eos_id,
+    offset=int(block_offset),
   )
   concrete = not any(
     isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask))
