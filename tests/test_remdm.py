@@ -45,16 +45,15 @@ def test_eta_zero_is_ancestral_token_for_token(language, remask):
 
 @pytest.mark.parametrize(
   "remask,eta,num_steps",
-  [pytest.param("cap", 0.01, 256, marks=pytest.mark.slow), ("rescale", 0.05, 128)],
+  [pytest.param("cap", 0.01, 256, marks=pytest.mark.slow), ("rescale", 0.05, 512)],
 )
 def test_remasking_with_small_steps_draws_the_true_chain(language, remask, eta, num_steps):
   # Each step changes few tokens, so the denoiser's per-position marginals are exact enough,
   # and a token masked again is drawn again from the exact conditional: samples follow the chain.
-  # Measured over seeds 1-6 (rescale, 128 steps): the steps' parallel reveals leave a mean NLL gap
-  # of about 0.15 nats, 3-4.5 SE here (ancestral at 128 steps: about 0.11), so the 4 SE bound
-  # passes on most keys, not all.
+  # The steps' parallel reveals bias the law by about 1/T: at 128 steps a mean NLL gap of about
+  # 0.15 nats (3-4.5 SE over seeds 1-6), so 512 steps keep it well inside the 4 SE bound.
   tokens, info = _sample(
-    language, 4000, num_steps, seed=6, method="remdm", remask=remask, remask_eta=eta
+    language, 4000, num_steps, seed=1, method="remdm", remask=remask, remask_eta=eta
   )
   oracles.assert_draws_the_chain(language, tokens, MASK_ID)
   assert int(info["nfe"]) == num_steps
