@@ -289,3 +289,33 @@ def test_bad_keys_and_offsets_are_refused():
   for offset in (-1, 1.5, True, "3"):
     with pytest.raises(ValueError, match="row_offset must be an integer >= 0"):
       _tokens(_plain, batch_size=2, row_offset=offset, **METHODS["ancestral"])
+
+
+@pytest.mark.parametrize("name", ["ancestral", "confidence_cold_top_p", "remdm"])
+def test_rows_split_over_two_devices_equal_one_device(name):
+  """The batch sharded over two devices (the prompt's rows split, as a mesh's data axis splits
+  them) samples the same tokens as one device, bit for bit."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices (tests/conftest.py gives 8 CPU devices)")
+  prompt = jnp.asarray(np.arange(BATCH * 2).reshape(BATCH, 2) % VOCAB, jnp.int32)
+
+  def run(prompt):
+    return md4jax.sample(
+      jax.random.PRNGKey(5),
+      _plain,
+      batch_size=BATCH,
+      length=LENGTH,
+      schedule=LINEAR,
+      mask_id=MASK_ID,
+      prompt=prompt,
+      **METHODS[name],
+    )[0]
+
+  alone = np.asarray(jax.jit(run)(prompt))
+  mesh = Mesh(np.asarray(jax.devices()[:2]), ("data",))
+  rows = NamedSharding(mesh, PartitionSpec("data", None))
+  split = jax.jit(run, in_shardings=rows, out_shardings=rows)(jax.device_put(prompt, rows))
+  assert len(split.sharding.device_set) == 2
+  np.testing.assert_array_equal(np.asarray(split), alone)
