@@ -4,10 +4,11 @@ r"""How often a converted dLLM's generations end in a run of EOS (LLaDA issue #4
 
 Loads the folder (LLaDA or Dream; or a workdir converted from one, fine-tuned on sums) with
 `md4jax.load`, samples `rows` prompts "ab+cd=" (chat-formatted with --chat) with their decoding (LLaDA: low-confidence remasking in blocks after the prompt, steps
-split evenly; Dream: maskgit_plus over the canvas), and reports, with and without md4jax's
-EOS handling (eos_id: generation stops once every row has ended, tokens after a row's first EOS
-are padding and count as such): the share of rows whose output ends in a run of ≥ 2 EOS tokens
-± SE, the mean generated length up to and including the first EOS, and the network calls.
+split evenly; Dream: maskgit_plus over the canvas), and reports on the model's own
+tokens: the share of rows whose output ends in a run of ≥ 2 EOS tokens ± SE, the share with an
+EOS, the mean generated length up to and including the first EOS, and the network calls without
+and with md4jax's EOS stop (eos_id: generation stops once every row has ended; tokens after a
+row's first EOS are then padding, and count as such in lengths and scores).
 """
 
 import json
@@ -29,6 +30,7 @@ _BLOCK = flags.DEFINE_integer("block_length", 8, "LLaDA's block length.")
 _STEPS = flags.DEFINE_integer("steps", 32, "Network calls over the generation.")
 _SEED = flags.DEFINE_integer("seed", 0, "The prompts' and samples' seed.")
 _CHAT = flags.DEFINE_bool("chat", True, "Render each prompt in the model's chat template.")
+_EOS = flags.DEFINE_string("eos_token", "<|endoftext|>", "The model's end-of-text token.")
 
 
 def _eos_run_share(tokens: np.ndarray, eos_id: int) -> tuple:
@@ -42,7 +44,9 @@ def main(argv):
   loaded = md4jax.load(_MODEL.value)
   config = loaded.config
   tokenizer = loaded.tokenizer
-  eos_id = tokenizer.tokenizer.token_to_id("<|endoftext|>")
+  eos_id = tokenizer.tokenizer.token_to_id(_EOS.value)
+  if eos_id is None:
+    raise app.UsageError(f"The tokenizer has no {_EOS.value}: give --eos_token.")
   rng = np.random.default_rng(_SEED.value)
   # Sums of two-digit numbers: one token per character, so every prompt has one width.
   texts = [f"{a}+{b}=" for a, b in rng.integers(10, 100, size=(_ROWS.value, 2))]
@@ -75,18 +79,21 @@ def main(argv):
     )
   key = jax.random.PRNGKey(_SEED.value)
   report = {"model": config.data.tokenizer_path, "rows": _ROWS.value, "eos_id": eos_id}
-  for name, eos in (("without_eos_stop", None), ("with_eos_stop", eos_id)):
-    tokens, info = md4jax.sample(key, loaded.denoise_fn, eos_id=eos, **settings)
-    generated = np.asarray(tokens)[:, width:]
-    share, se = _eos_run_share(generated, eos_id)
-    is_eos = generated == eos_id
-    lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, generated.shape[1])
-    report[name] = {
-      "ends_in_eos_run": share,
-      "ends_in_eos_run_se": se,
-      "mean_length": float(lengths.mean()),
-      "nfe": int(info["nfe"]),
-    }
+  tokens, info = md4jax.sample(key, loaded.denoise_fn, **settings)
+  generated = np.asarray(tokens)[:, width:]  # The model's own tokens, nothing overwritten.
+  share, se = _eos_run_share(generated, eos_id)
+  is_eos = generated == eos_id
+  lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, generated.shape[1])
+  report.update(
+    ends_in_eos_run=share,
+    ends_in_eos_run_se=se,
+    has_eos=float(is_eos.any(1).mean()),
+    mean_length=float(lengths.mean()),
+    nfe=int(info["nfe"]),
+  )
+  # With eos_id the decoder stops once every row has ended: the calls that saves.
+  _, stopped = md4jax.sample(key, loaded.denoise_fn, eos_id=eos_id, **settings)
+  report["nfe_with_eos_stop"] = int(stopped["nfe"])
   print(json.dumps(report))
 
 

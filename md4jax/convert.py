@@ -176,13 +176,31 @@ def _start(config, params, mesh) -> Optional[dict]:
   return {"step": put(fresh.step), "params": {**params, **put(added)}, "rng": put(fresh.rng)}
 
 
+def _converted_from(root: pathlib.Path, config) -> Optional[pathlib.Path]:
+  """The converted workdir a run descends from: root itself, or the one its training.init_from
+  chain started from (an SFT or LoRA run of a converted model); None for a model md4jax made."""
+  seen = set()
+  while not (root / HF_CONFIG_FILE).is_file():
+    source = config.training.init_from
+    if not source or root in seen:
+      return None
+    seen.add(root)
+    root = pathlib.Path(source)
+    try:
+      config = config_lib.workdir_config(root, "training.init_from")
+    except (ValueError, FileNotFoundError):
+      return None
+  return root
+
+
 def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> dict:
   """Writes the Hugging Face folder `out` of the workdir's newest checkpoint; returns its
   config.json."""
   workdir = workdir_lib.as_workdir(workdir)
-  options = hf_lib.md4jax_options(config_lib.workdir_config(workdir.root, "--in"))
-  hf_config_path = workdir.root / HF_CONFIG_FILE
-  base = json.loads(hf_config_path.read_text()) if hf_config_path.is_file() else None
+  config = config_lib.workdir_config(workdir.root, "--in")
+  options = hf_lib.md4jax_options(config)
+  converted = _converted_from(workdir.root, config)
+  base = json.loads((converted / HF_CONFIG_FILE).read_text()) if converted else None
   if dtype_name is None:
     saved = [base[k] for k in ("dtype", "torch_dtype") if base and base.get(k) in hf_folder.DTYPES]
     dtype_name = saved[0] if saved else "float32"
@@ -199,8 +217,12 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
   if workdir.tokenizer.is_file() and tokenizer_lib.load(workdir.tokenizer).kind == "bpe":
     shutil.copyfile(workdir.tokenizer, pathlib.Path(out) / hf_folder.TOKENIZER_FILE)
-  if (workdir.root / HF_FILES).is_dir():
-    for path in sorted((workdir.root / HF_FILES).iterdir()):
+  elif converted and (converted / hf_folder.TOKENIZER_FILE).is_file():
+    shutil.copyfile(
+      converted / hf_folder.TOKENIZER_FILE, pathlib.Path(out) / hf_folder.TOKENIZER_FILE
+    )
+  if converted and (converted / HF_FILES).is_dir():
+    for path in sorted((converted / HF_FILES).iterdir()):
       shutil.copyfile(path, pathlib.Path(out) / path.name)
   log(
     f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {loaded.step}'s {which} params."

@@ -26,6 +26,7 @@ from md4jax.app import hf as hf_lib
 from md4jax.app import load
 from md4jax.data import chat
 from md4jax.model import hf_folder
+from md4jax.training import checkpoint
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 MODELS = ("llada", "dream")
@@ -367,3 +368,57 @@ def test_bfloat16_compute_stays_within_its_rounding(golden_models, name):
   others = np.arange(vocab) != mask_id
   scale = np.abs(expected).max()
   np.testing.assert_allclose(logits[..., others], expected[..., others], atol=8 * 2**-8 * scale)
+
+
+def test_a_fine_tuned_workdir_exports_as_the_folder_it_started_from(tmp_path):
+  """A run started from a converted workdir (training.init_from: SFT or LoRA) has no Hugging Face
+  config of its own: export follows init_from to it, and writes its architecture and files."""
+  from md4jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+
+  convert.import_hf(GOLDEN / "llada", tmp_path / "converted")
+  loaded = load.load(tmp_path / "converted")
+  config = loaded.config.copy_and_resolve_references()
+  config.training.init_from = str(tmp_path / "converted")
+  config.model.lora_rank, config.model.lora_alpha = 4, 8.0
+  tuned = tmp_path / "tuned"
+  tuned.mkdir()
+  (tuned / "config.json").write_text(config.to_json_best_effort(indent=2))
+  params = state_lib.starting_params(config, loaded.params, loaded.config)
+  state = state_lib.state_from_params(config, state_lib.make_optimizer(config), params)
+  manager = checkpoint.make_manager(tuned / "checkpoints", 1)
+  checkpoint.save(manager, 1, state, {"next_batch_index": 0}, config)
+  checkpoint.wait(manager)
+  hf = convert.export_hf(tuned, tmp_path / "out", log=lambda _: None)
+  assert hf["model_type"] == "llada" and hf["mask_token_id"] == 126
+  for kept in ("tokenizer.json", "tokenizer_config.json"):
+    assert (tmp_path / "out" / kept).read_bytes() == (GOLDEN / "llada" / kept).read_bytes()
+  # Fresh adapters are zero in B: the merged export is the converted model itself.
+  original = hf_folder.read_weights(GOLDEN / "llada")
+  written = hf_folder.read_weights(tmp_path / "out")
+  for tensor in original:
+    np.testing.assert_array_equal(written[tensor], original[tensor], err_msg=tensor)
+
+
+def test_blocks_after_the_prompt_need_every_position_before_them_given(golden_models):
+  loaded = golden_models["llada"]
+  prompt = jnp.asarray([[1, 2, loaded.mask_id, 3]], jnp.int32)
+  with pytest.raises(ValueError, match="leaves positions before it masked"):
+    md4jax_sample(
+      loaded, batch_size=1, length=8, prompt=prompt, block_size=2, block_offset=4, num_steps=2
+    )
+
+
+def test_blocks_after_the_prompt_must_tile_the_rest(golden_models):
+  """As LLaDA's generate asserts: the tokens after the prompt are whole blocks."""
+  from md4jax.app import generate  # pylint: disable=g-import-not-at-top
+
+  loaded = golden_models["llada"]
+  config = loaded.config.copy_and_resolve_references()
+  config.sample.update(prompt="12 34 56 7 8 9", length=16, block_length=4, blocks_after_prompt=True)
+  config.sample.update(method="confidence", num_samples=1, num_steps=2, trajectory=False)
+  key = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError, match="the 10 tokens after the 6-token prompt are no whole"):
+    generate.generate(config, loaded.model, loaded.params, loaded.tokenizer, key)
+  config.sample.length = 14
+  tokens, nfe, _, _ = generate.generate(config, loaded.model, loaded.params, loaded.tokenizer, key)
+  assert tokens.shape == (1, 14) and nfe == 4  # Two blocks of two steps.

@@ -140,6 +140,12 @@ def generate(
   how = decoding(config, model, length)
   if cfg.blocks_after_prompt and config.model.type == "mdm" and prompt is not None:
     how["block_offset"] = len(prompt_ids)
+    if (length - len(prompt_ids)) % how["block_size"]:  # As LLaDA's generate asserts.
+      raise ValueError(
+        f"sample.blocks_after_prompt: the {length - len(prompt_ids)} tokens after the "
+        f"{len(prompt_ids)}-token prompt are no whole number of sample.block_length="
+        f"{how['block_size']} blocks; change sample.length (0: data.seq_len) or the block length."
+      )
   record_trajectory = record_trajectory and how["block_size"] is None and config.model.type == "mdm"
   kwargs = dict(
     sampler_kwargs(config, params),

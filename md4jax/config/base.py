@@ -205,7 +205,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.method = "ancestral"  # mdm sampler: ancestral, cached, jump, first_hitting, confidence, threshold or remdm (md4jax.sampling.samplers).
   config.sample.confidence = "max_prob"  # method "confidence": what ranks the masked positions, "max_prob", "margin" (top-1 − top-2), "neg_entropy", "drawn_prob" (LLaDA's: the drawn token's softmax prob) or "drawn_filtered_prob" (Dream's maskgit_plus above temperature 0).
   config.sample.reveal_counts = "schedule"  # method "confidence": how many each step reveals, "schedule" (all but the schedule's share), "even" (LLaDA's: the block's masks split evenly, the remainder first) or "proportional" (Dream's: int(n · (1 − s/t)) of the n left).
-  config.sample.blocks_after_prompt = False  # mdm: sample.block_length's blocks start after sample.prompt (LLaDA's semi-autoregressive decoding, Fast-dLLM's) instead of at position 0.
+  config.sample.blocks_after_prompt = False  # mdm: sample.block_length's blocks start after sample.prompt (LLaDA's semi-autoregressive decoding, Fast-dLLM's) instead of at position 0 (without a prompt: from 0).
   config.sample.threshold = 0.9  # method "threshold": reveal every masked position whose top probability is >= this, in [0, 1] (0: all in one call).
   config.sample.remask = "cap"  # method "remdm": σ_t of remasking, "cap" (min(η, σ_max)), "rescale" (η σ_max) or "confidence" (σ_max shared by the least confident tokens; η unused).
   config.sample.remask_eta = 0.0  # method "remdm": η in [0, 1]; 0 with cap or rescale is ancestral, token for token.

@@ -40,10 +40,9 @@ def _validate_sample(config: ml_collections.ConfigDict):
     f"sample.blocks_after_prompt must be true or false, got {sample.blocks_after_prompt!r}.",
   )
   check(
-    not sample.blocks_after_prompt
-    or (sample.prompt and sample.block_length > 0 and model.type == "mdm"),
-    "sample.blocks_after_prompt starts sample.block_length's blocks (> 0) after sample.prompt "
-    f"(non-empty) of an mdm; got block_length={sample.block_length}, prompt={sample.prompt!r}, "
+    not sample.blocks_after_prompt or (sample.block_length > 0 and model.type == "mdm"),
+    "sample.blocks_after_prompt starts sample.block_length's blocks (> 0) of an mdm after "
+    f"sample.prompt (from 0 without one); got block_length={sample.block_length}, "
     f"model.type={model.type!r}.",
   )
   check(

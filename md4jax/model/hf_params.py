@@ -152,6 +152,8 @@ _LLADA_FIXED = {
   "input_emb_norm": (False, False),
   "scale_logits": (False, False),
   "block_group_size": (1, 1),
+  "clip_qkv": (None, None),  # OLMo clamps q, k and v to ±clip_qkv: md4jax does not.
+  "multi_query_attention": (False, False),  # (null: n_kv_heads says how many heads.)
 }
 _LLADA_REQUIRED = ("d_model", "n_heads", "n_layers", "mlp_hidden_size", "vocab_size")
 
@@ -595,7 +597,7 @@ def hf_config(options: dict, dtype_name: str, max_positions: int, base: dict = N
     )
   if (options["checkpoint_mask_id"] >= 0) != (model_type in DIFFUSION_TYPES):
     raise ValueError(
-      f"A {model_type} checkpoint {'has' if model_type in DIFFUSION_TYPES else 'has no'} a mask "
+      f"A {model_type} checkpoint {'has a' if model_type in DIFFUSION_TYPES else 'has no'} mask "
       f"id of its own: this model has model.checkpoint_mask_id={options['checkpoint_mask_id']}."
     )
   if options["shift_logits"] != (model_type == "Dream"):

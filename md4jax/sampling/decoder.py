@@ -505,6 +505,15 @@ def sample(
   )
   if prompt is not None and concrete:
     arguments.check_prompt(prompt, prompt_mask, mask_id)
+    if block_offset:  # Positions before the first block are never sampled: all must be given.
+      shown = np.asarray(prompt)[..., :block_offset] != mask_id
+      if prompt_mask is not None:
+        shown &= np.asarray(prompt_mask, bool)[..., :block_offset]
+      if not shown.all():
+        raise ValueError(
+          f"sample: block_offset={block_offset}, but the prompt leaves positions before it "
+          "masked, which no block would sample."
+        )
   tokens, info = _program(plan, denoise_fn)(key, row_offset, denoiser, prompt, prompt_mask)
   info["cache_bytes"] = _cache_bytes(plan, denoiser)
   if not isinstance(info["nfe"], jax.core.Tracer):
