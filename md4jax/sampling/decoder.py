@@ -30,7 +30,9 @@ One jitted program per shape and setting, cached by jax.jit: the denoiser travel
 (a `Denoiser`'s params are pytree leaves), so fresh params of one shape never compile again.
 
 Keys: every draw is per row, so a row's tokens depend only on the key, its row index in the
-request and its prompt (and inputs), never on the batch size or the other rows. Row b of the
+request and its prompt (and inputs), never on the batch size or the other rows (except method
+"cached" with a time-conditioned denoiser, whose calls follow the batch: it is exact for a
+time-free one only). Row b of the
 call is row r = row_offset + b of the request and draws from key_r = fold_in(key, r): its block k
 from fold_in(key_r, k), and a sample of one block from key_r itself (so b = L is
 `samplers.run` with the row keys, token for token).
