@@ -7,6 +7,8 @@ first `import jax` of the test session; conftest.py is imported first.
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs are cached on disk for the session and the CLI subprocesses it starts:
 # they compile the same small programs again and again.
@@ -36,8 +38,14 @@ def pytest_sessionstart(session):
   assert jax.device_count() == 8 or jax.default_backend() != "cpu", (
     "jax was imported before tests/conftest.py set XLA_FLAGS; sharding tests need 8 CPU devices."
   )
-  # The session's own process does not write the on-disk cache (its CLI subprocesses still share
-  # it): in the full suite, XLA:CPU's executable.serialize() crashed this process (a segfault in
-  # jax's compilation_cache.put_executable_and_time, at the ~480th test, 2026-12-06, jax 0.10.2)
-  # where each file alone passes; the in-memory jit caches serve the session.
-  jax.config.update("jax_enable_compilation_cache", False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test file. jit's caches keep each program alive
+  (its machine code mapped) for the whole session; past ~480 tests XLA:CPU crashed compiling or
+  serializing the next one (a segfault, 2026-12-06, jax 0.10.2) where each file alone passes."""
+  yield
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.clear_caches()
