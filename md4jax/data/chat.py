@@ -35,7 +35,7 @@ def template_of(tokenizer_config: dict) -> str:
   template = tokenizer_config.get("chat_template") or ""
   if isinstance(template, list):  # Named templates: [{"name": ..., "template": ...}].
     named = {entry["name"]: entry["template"] for entry in template}
-    template = named.get("default", "")
+    template = named["default"] if "default" in named else ""
   return with_special_tokens(template, tokenizer_config) if template else ""
 
 
