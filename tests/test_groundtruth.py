@@ -247,7 +247,7 @@ def test_sample_thresholds_give_every_probability_to_2_to_the_minus_32():
   edge is rounded to the nearest multiple), the smoothing's tiny ones (1e-3 / V) included."""
   lang = MarkovLanguage(32, seed=0, smoothing=1e-3)
   for law in (lang.transition, lang.initial[None]):
-    thresholds = np.asarray(groundtruth._thresholds(law), np.float64)
+    thresholds = np.asarray(groundtruth.thresholds(law), np.float64)
     assert np.all(np.diff(thresholds, axis=-1) >= 0)
     edges = np.pad(thresholds, ((0, 0), (1, 0))), np.full(thresholds.shape[:1] + (1,), 2.0**32)
     implied = np.diff(np.concatenate(edges, axis=-1), axis=-1) / 2.0**32

@@ -88,11 +88,8 @@ class MarkovLanguage:
     rounded to multiples of 2^-32, are <= a uniform 32-bit draw, so each probability is exact
     to 2^-32 (no float32 Gumbel tail), from one random word per token instead of V.
     """
-    initial, transition = _thresholds(self.initial), _thresholds(self.transition)
+    initial, transition = thresholds(self.initial), thresholds(self.transition)
     first_key, rest_key = jax.random.split(key)
-
-    def draw(thresholds: Array, bits: Array) -> Array:  # [..., V - 1], [...] -> [...] int32
-      return (bits[..., None] >= thresholds).sum(-1, dtype=jnp.int32)
 
     first = draw(initial, jax.random.bits(first_key, (n,), jnp.uint32))
 
@@ -163,10 +160,16 @@ def _normalized_or(weights: Array, fallback: Array) -> Array:
   return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), fallback)
 
 
-def _thresholds(probs: np.ndarray) -> Array:
+def thresholds(probs: np.ndarray) -> Array:
   """Cumulative thresholds [..., V - 1] uint32 of laws probs [..., V]: round(2^32 · P(token <= k))."""
   cumulative = np.cumsum(probs / probs.sum(-1, keepdims=True), axis=-1)[..., :-1]
   return jnp.asarray(np.minimum(np.round(cumulative * 2.0**32), 2.0**32 - 1).astype(np.uint32))
+
+
+def draw(cumulative: Array, bits: Array) -> Array:
+  """The tokens [...] int32 that uniform 32-bit words `bits` [...] draw from laws given by their
+  cumulative thresholds [..., V − 1] (`thresholds`)."""
+  return (bits[..., None] >= cumulative).sum(-1, dtype=jnp.int32)
 
 
 def _x_log_x(p: np.ndarray) -> np.ndarray:
