@@ -5,7 +5,7 @@ import ml_collections
 
 from md4jax.config.values import check, check_choice
 from md4jax.diffusion import bounds
-from md4jax.model import transformer as model_lib
+from md4jax.model.options import check_network
 
 
 def validate_network(model: ml_collections.ConfigDict):
@@ -35,7 +35,7 @@ def validate_network(model: ml_collections.ConfigDict):
   )
   check_choice(model.time_input, "model.time_input", bounds.TIME_INPUTS)
   try:
-    model_lib.check_network(
+    check_network(
       model_dim=model.model_dim,
       num_heads=model.num_heads,
       num_kv_heads=model.num_kv_heads,
