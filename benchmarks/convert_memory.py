@@ -15,7 +15,7 @@ kernel's count for that child (ru_maxrss, file-backed pages included), read by a
 process of its own.
 
 --old also measures the pre-streaming import on the same folder, in its own child: every tensor
-read at once (hf_folder.read_weights), converted in memory (hf_params.to_md4jax), the full train
+read at once (hf_folder.read_weights), converted in memory (hf_tensors.to_md4jax), the full train
 state built on the host (params, EMA and Adam's two moments) and saved as the step-0 checkpoint.
 It holds ~7x the model's bytes: run it on a model that fits (the second command above).
 
@@ -54,14 +54,14 @@ _OLD_IMPORT = """
 import sys
 import jax, jax.numpy as jnp
 from md4jax.app import hf as hf_lib
-from md4jax.model import hf_folder, hf_params
+from md4jax.model import hf_config, hf_folder, hf_tensors
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
 from md4jax.training import state as state_lib
 source, out = sys.argv[1:3]
 config, hf = hf_lib.folder_config(source)
-params = hf_params.to_md4jax(
-  hf_folder.read_weights(source), hf_params.model_options(hf), config.model.scan_layers, 0,
+params = hf_tensors.to_md4jax(
+  hf_folder.read_weights(source), hf_config.model_options(hf), config.model.scan_layers, 0,
   hf["model_type"],
 )
 hf_lib.check_fits(config, params)

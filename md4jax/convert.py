@@ -34,7 +34,7 @@ from md4jax import user_errors
 from md4jax.app import hf as hf_lib
 from md4jax.app import load
 from md4jax.data import tokenizer as tokenizer_lib
-from md4jax.model import hf_folder, hf_params, lora
+from md4jax.model import hf_config, hf_folder, hf_tensors, lora
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
@@ -210,8 +210,8 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   )
   # LoRA adapters folded into their kernels: the folder holds the network they make.
   params = jax.device_get(lora.merged(objective.network_params(loaded.params), loaded.config))
-  hf = hf_params.hf_config(options, dtype_name, loaded.config.data.seq_len, base)
-  tensors = hf_params.from_md4jax(params, options, hf_folder.DTYPES[dtype_name], hf["model_type"])
+  hf = hf_config.hf_config(options, dtype_name, loaded.config.data.seq_len, base)
+  tensors = hf_tensors.from_md4jax(params, options, hf_folder.DTYPES[dtype_name], hf["model_type"])
   hf_folder.write_safetensors(pathlib.Path(out) / hf_folder.WEIGHTS_FILE, tensors, {"format": "pt"})
   hf_folder.write_config(out, hf)
   # md4jax's own char and byte tokenizers are no Hugging Face tokenizer.json: only a BPE's is.
@@ -227,7 +227,7 @@ def export_hf(workdir, out, dtype_name=None, which: str = "ema", log=print) -> d
   log(
     f"Wrote {out}: {hf['architectures'][0]} in {dtype_name}, step {loaded.step}'s {which} params."
   )
-  if loaded.config.model.type == "mdm" and hf["model_type"] not in hf_params.DIFFUSION_TYPES:
+  if loaded.config.model.type == "mdm" and hf["model_type"] not in hf_config.DIFFUSION_TYPES:
     log(
       "Note: a model.type='mdm' model is a bidirectional denoiser without its mask row; "
       "transformers runs these weights as a causal LM."

@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 
 from md4jax import config as config_lib
 from md4jax import convert
-from md4jax.model import hf_folder, hf_params
+from md4jax.model import hf_config, hf_folder
 from md4jax.model.transformer import Transformer
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
@@ -134,8 +134,8 @@ def test_transformers_4_config_fields_read_alike():
   hf = json.loads((GOLDEN / "hf_llama" / "config.json").read_text())
   old = {k: v for k, v in hf.items() if k not in ("rope_parameters", "head_dim")}
   old.update(rope_theta=500000.0, rope_scaling=None, torch_dtype="bfloat16")
-  assert hf_params.model_options(old) == hf_params.model_options(hf)
-  assert hf_params.model_options(hf)["rope_base"] == 500000.0
+  assert hf_config.model_options(old) == hf_config.model_options(hf)
+  assert hf_config.model_options(hf)["rope_base"] == 500000.0
 
 
 def _edited_folder(tmp_path, name="hf_llama", edit_config=None, drop_tensor=None):

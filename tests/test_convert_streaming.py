@@ -1,4 +1,4 @@
-"""md4jax.convert's import, streamed: tensor by tensor through hf_params.layout (the one mapping),
+"""md4jax.convert's import, streamed: tensor by tensor through hf_tensors.layout (the one mapping),
 each param placed on the mesh as it is whole, and a step-0 checkpoint of the params alone that a
 resuming run completes (EMA = params, a fresh optimizer state). benchmarks/convert_memory.py
 measures the memory it saves; these tests check that nothing else changed."""
@@ -20,7 +20,7 @@ from md4jax import config as config_lib
 from md4jax import convert
 from md4jax.app import hf as hf_lib
 from md4jax.app import load, modes
-from md4jax.model import hf_folder, hf_params
+from md4jax.model import hf_config, hf_folder, hf_tensors
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
@@ -32,9 +32,9 @@ FOLDERS = ("llada", "dream", "hf_llama", "hf_qwen2")
 
 def _in_memory(folder, config, hf, vocab_size=0):
   """The params of the in-memory mapping: every tensor read at once, then converted."""
-  return hf_params.to_md4jax(
+  return hf_tensors.to_md4jax(
     hf_folder.read_weights(folder),
-    hf_params.model_options(hf),
+    hf_config.model_options(hf),
     config.model.scan_layers,
     vocab_size,
     hf["model_type"],
@@ -330,7 +330,7 @@ def test_a_converted_workdir_resumes_trains_loads_and_starts_another_run(tmp_pat
   # training.init_from: a new run starts from the workdir's newest EMA.
   other = _small_run(config_lib.base_config())
   other = hf_lib.converted_config(
-    other, hf_params.model_options(hf_folder.read_config(GOLDEN / "hf_llama")), "mdm"
+    other, hf_config.model_options(hf_folder.read_config(GOLDEN / "hf_llama")), "mdm"
   )
   other.training.init_from = str(tmp_path / "w")
   run = modes.Run(other, tmp_path / "other")

@@ -25,7 +25,7 @@ from md4jax import convert
 from md4jax.app import hf as hf_lib
 from md4jax.app import load
 from md4jax.data import chat
-from md4jax.model import hf_folder
+from md4jax.model import hf_config, hf_folder, hf_tensors
 from md4jax.training import checkpoint
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
@@ -78,13 +78,13 @@ def test_export_writes_their_folder_back(tmp_path, name):
 
 def test_the_trained_mask_row_is_exported_at_the_mask_id(tmp_path):
   """Fine-tuning moves md4jax's mask input (row V); export writes it to the checkpoint's id."""
-  options = hf_lib.hf_params.model_options(hf_folder.read_config(GOLDEN / "llada"))
+  options = hf_config.model_options(hf_folder.read_config(GOLDEN / "llada"))
   tensors = hf_folder.read_weights(GOLDEN / "llada")
-  params = hf_lib.hf_params.to_md4jax(dict(tensors), options, model_type="llada")
+  params = hf_tensors.to_md4jax(dict(tensors), options, model_type="llada")
   embedding = params["embed"]["embedding"]
   np.testing.assert_array_equal(embedding[-1], embedding[126])
   embedding[-1] += 1.0
-  back = hf_lib.hf_params.from_md4jax(params, options, np.float32, "llada")
+  back = hf_tensors.from_md4jax(params, options, np.float32, "llada")
   exported = back["model.transformer.wte.weight"]
   np.testing.assert_array_equal(exported[126], embedding[-1])
   np.testing.assert_array_equal(exported[:126], tensors["model.transformer.wte.weight"][:126])

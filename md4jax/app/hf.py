@@ -15,7 +15,7 @@ import numpy as np
 from md4jax import config as config_lib
 from md4jax.data import chat
 from md4jax.data import tokenizer as tokenizer_lib
-from md4jax.model import hf_folder, hf_params
+from md4jax.model import hf_config, hf_folder, hf_tensors
 from md4jax.runtime import sharding
 from md4jax.training import state as state_lib
 
@@ -96,7 +96,7 @@ def _check_mask_token(source, hf: dict, tokenizer):
 
 def folder_model_type(hf: dict, model_type: Optional[str]) -> str:
   """md4jax's model.type of a folder: "mdm" for a released dLLM, else `model_type` (default ar)."""
-  if hf["model_type"] in hf_params.DIFFUSION_TYPES:
+  if hf["model_type"] in hf_config.DIFFUSION_TYPES:
     if model_type not in (None, "mdm"):
       raise ValueError(
         f"A {hf['model_type']} folder holds a masked diffusion model: model_type must be 'mdm', "
@@ -113,11 +113,11 @@ def folder_config(source, base=None, model_type: Optional[str] = None, vocab_siz
   (data.tokenizer 'bpe'), and text data needs its size to be the model's rows. A LLaDA or Dream
   folder needs its tokenizer, whose mask token must be config.json's mask_token_id."""
   hf = hf_folder.read_config(source)
-  options = hf_params.model_options(hf)
+  options = hf_config.model_options(hf)
   model_type = folder_model_type(hf, model_type)
   config = converted_config(base or config_lib.base_config(), options, model_type, vocab_size)
   hf_tokenizer = pathlib.Path(source) / hf_folder.TOKENIZER_FILE
-  if hf["model_type"] in hf_params.DIFFUSION_TYPES:
+  if hf["model_type"] in hf_config.DIFFUSION_TYPES:
     if not hf_tokenizer.is_file():
       raise ValueError(
         f"{source} has no {hf_folder.TOKENIZER_FILE}: a {hf['model_type']} folder needs its "
@@ -147,15 +147,15 @@ def folder_params(
   source, config: ml_collections.ConfigDict, hf: dict, vocab_size: int = 0, mesh=None
 ):
   """The params of the folder's weights for config (`folder_config`'s), read tensor by tensor
-  (hf_params.layout, the one mapping): NumPy arrays, or with `mesh` jax arrays placed as they
+  (hf_tensors.layout, the one mapping): NumPy arrays, or with `mesh` jax arrays placed as they
   load, each sharded over mesh by md4jax's logical axis rules, as a run of config lays them out.
   The host holds one tensor at a time and the params not yet whole (all of the stacked blocks'
   under model.scan_layers); every name and shape is checked, from the files' headers, before any
   weight is read."""
   headers = hf_folder.tensor_headers(source)
-  options = hf_params.model_options(hf)
-  plan = hf_params.layout(options, config.model.scan_layers, vocab_size, hf["model_type"])
-  names = hf_params.check_tensors(plan, {name: header.shape for name, header in headers.items()})
+  options = hf_config.model_options(hf)
+  plan = hf_tensors.layout(options, config.model.scan_layers, vocab_size, hf["model_type"])
+  names = hf_tensors.check_tensors(plan, {name: header.shape for name, header in headers.items()})
   abstract = _model_params(config)
   unboxed = _by_path(nn.meta.unbox(abstract))
   _check_shapes(
@@ -170,7 +170,7 @@ def folder_params(
       array = array.astype(unboxed[path].dtype, copy=False)
       return jax.make_array_from_callback(array.shape, shardings[path], lambda index: array[index])
 
-  assembler = hf_params.Assembler(plan, names, place)
+  assembler = hf_tensors.Assembler(plan, names, place)
   read = set(names)
   for name, tensor in hf_folder.stream_tensors({n: h for n, h in headers.items() if n in read}):
     assembler.add(name, tensor)
@@ -179,7 +179,7 @@ def folder_params(
 
 
 def md4jax_options(config: ml_collections.ConfigDict) -> dict:
-  """hf_params' model options of a workdir's config; ValueError naming a key no Hugging Face
+  """hf_config's model options of a workdir's config; ValueError naming a key no Hugging Face
   Llama or Qwen2 has an equivalent of."""
   model = config.model
   for key, wanted in (

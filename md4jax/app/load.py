@@ -24,7 +24,7 @@ from md4jax.data import sources
 from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.diffusion import groundtruth
 from md4jax.diffusion.denoiser import Denoiser
-from md4jax.model import hf_params
+from md4jax.model import hf_config
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective
@@ -190,8 +190,8 @@ def load(
         )
       config, hf = hf_lib.folder_config(folder, model_type=model_type)
       # Its context: the rows the harness and the samplers' windows take.
-      if hf_params.context_length(hf):
-        config.data.seq_len = hf_params.context_length(hf)
+      if hf_config.context_length(hf):
+        config.data.seq_len = hf_config.context_length(hf)
     else:
       config = config_lib.workdir_config(folder, role)
     for name, value in (overrides or {}).items():

@@ -56,7 +56,7 @@ class Transformer(nn.Module):
   on a leading "layers" axis), so compile time does not grow with depth.
 
   In causal mode with num_kv_heads, qkv_bias, tie_embeddings and rope_base set as theirs, the
-  network is Hugging Face's Llama or Qwen2 (`md4jax.model.hf_params` maps the weights).
+  network is Hugging Face's Llama or Qwen2 (`md4jax.model.hf_tensors` maps the weights).
 
   With lora_rank > 0 every attention and MLP projection also holds LoRA adapters ("lora_a",
   "lora_b" beside its "kernel"; `md4jax.model.lora`): the base params keep their names and shapes.
