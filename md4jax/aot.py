@@ -51,10 +51,10 @@ from ml_collections import config_flags
 
 from md4jax import config as config_lib
 from md4jax import user_errors
+from md4jax.app import costs
 from md4jax.data import sources
 from md4jax.diffusion import denoiser as denoiser_lib
 from md4jax.evaluation import evaluate
-from md4jax.model import transformer as model_lib
 from md4jax.runtime import sharding
 from md4jax.sampling import decoder
 from md4jax.training import objective, train
@@ -79,28 +79,6 @@ _COUNT_FLOPS = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config"])
 
 PROGRAMS = ("train", "eval", "sampler")
-
-# Per chip: HBM bytes and peak dense bfloat16 FLOP/s (Cloud TPU documentation).
-CHIPS = {
-  "TPU v4": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 275e12},
-  "TPU v5 lite": {"hbm_bytes": 16 * 2**30, "peak_bf16_flops": 197e12},
-  "TPU v5": {"hbm_bytes": 95 * 2**30, "peak_bf16_flops": 459e12},
-  "TPU v6 lite": {"hbm_bytes": 32 * 2**30, "peak_bf16_flops": 918e12},
-}
-
-
-def chip_specs(devices) -> dict:
-  """HBM and peak FLOP/s per JAX device (a v4 chip shows up as two devices, one per core)."""
-  kind = devices[0].device_kind
-  if kind not in CHIPS:
-    raise ValueError(f"No HBM/FLOP figures for {kind!r}; known: {', '.join(CHIPS)}.")
-  devices_per_chip = len({d.core_on_chip for d in devices})
-  return {
-    "device_kind": kind,
-    "devices_per_chip": devices_per_chip,
-    "hbm_bytes": CHIPS[kind]["hbm_bytes"] // devices_per_chip,
-    "peak_bf16_flops": CHIPS[kind]["peak_bf16_flops"] / devices_per_chip,
-  }
 
 
 def _abstract_batch(config, rows: int, mesh, training: bool) -> dict:
@@ -141,30 +119,13 @@ def _compile(fn, *args) -> tuple:
   return compiled, time.perf_counter() - start
 
 
-def _memory(compiled) -> dict:
-  stats = compiled.memory_analysis()
-  memory = {
-    name: int(getattr(stats, f"{name}_size_in_bytes"))
-    for name in ("argument", "output", "temp", "alias", "generated_code")
-  }
-  memory["total"] = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
-  return memory
-
-
-def compiled_flops(compiled) -> float:
-  """XLA's FLOP count of a compiled program (cost_analysis is a dict, or a list of one)."""
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost["flops"])
-
-
 def _summary(compiled, seconds: float, num_devices: int) -> dict:
   # XLA's own count, which sees each loop body (scanned layers, sampler steps) once.
   return {
     "compile_seconds": round(seconds, 2),
-    "bytes_per_chip": _memory(compiled)["total"],
-    "memory_breakdown": _memory(compiled),
-    "xla_cost_analysis_flops_all_chips": compiled_flops(compiled) * num_devices,
+    "bytes_per_chip": costs.compiled_memory(compiled)["total"],
+    "memory_breakdown": costs.compiled_memory(compiled),
+    "xla_cost_analysis_flops_all_chips": costs.compiled_flops(compiled) * num_devices,
   }
 
 
@@ -198,7 +159,7 @@ def _train_flops(config, devices) -> float:
     counted.batch_size, counted.training.grad_accum_steps = len(devices), 1
     mesh = sharding.make_mesh(counted, devices)
     try:
-      flops.append(compiled_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
+      flops.append(costs.compiled_flops(_train_step_compiled(counted, mesh)[0]) * len(devices))
     except DoesNotFit:  # Whole params per chip: an 8B model's do not fit one.
       return None
   per_row = (flops[0] + (config.model.num_layers - 1) * (flops[1] - flops[0])) / len(devices)
@@ -293,55 +254,6 @@ def fast_dllm_calls(config, model, mesh) -> dict:
   }
 
 
-def _forward_flops_per_token(config, keys: int, logits: bool = True) -> float:
-  """`flops_per_token` of a token reading `keys` positions, its attention projections at
-  model.num_kv_heads (grouped-query attention projects fewer keys and values), without the
-  logits layer when logits is False."""
-  m, vocab = config.model, config.data.vocab_size
-  head_dim = m.model_dim // m.num_heads
-  kv_width = (m.num_kv_heads or m.num_heads) * head_dim
-  flops = model_lib.flops_per_token(m.num_layers, m.model_dim, m.mlp_dim, keys, vocab)
-  flops -= 2 * m.num_layers * 2 * m.model_dim * (m.model_dim - kv_width)  # k and v: D x kv_width.
-  return flops - (0 if logits else 2 * m.model_dim * vocab)
-
-
-def model_flops_per_step(config, model) -> float:
-  """3 × the forward FLOPs of a step's tokens (`flops_per_token`, its key and value projections
-  at model.num_kv_heads); block diffusion's forward reads 2L tokens (z_t ⊕ x, attention over 2L)
-  and computes logits for the first L only."""
-  seq_len = config.data.seq_len
-  streams = 2 if model.block_size else 1
-  per_token = _forward_flops_per_token(config, streams * seq_len)
-  logits = 2 * config.model.model_dim * config.data.vocab_size  # Per token, of the noisy stream.
-  forward = streams * seq_len * per_token - (streams - 1) * seq_len * logits
-  return 3 * forward * config.batch_size
-
-
-def sampler_flops(config, model, program: str) -> float:
-  """The forward FLOPs of a sampler program on eval.batch_size rows (the formula's, as training's):
-  "sampler_step" one call (cache "none": seq_len tokens; block diffusion: a block reading the
-  seq_len − b cached positions; prefix/dual: sample.block_length tokens reading seq_len cached
-  ones), "sampler_refresh" the seq_len tokens' keys and values (no logits)."""
-  rows, length = config.eval.batch_size, config.data.seq_len
-  if program == "sampler_refresh":
-    return rows * length * _forward_flops_per_token(config, length, logits=False)
-  if model.block_size:
-    return rows * model.block_size * _forward_flops_per_token(config, length)
-  if config.sample.cache in ("prefix", "dual"):
-    block = config.sample.block_length
-    return rows * block * _forward_flops_per_token(config, length + block)
-  return rows * length * _forward_flops_per_token(config, length)
-
-
-def _call_tokens(config, model, program: str) -> int:
-  """Tokens per row the sampler program's network call computes."""
-  if model.block_size:
-    return model.block_size
-  if program == "sampler_step" and config.sample.cache in ("prefix", "dual"):
-    return config.sample.block_length
-  return config.data.seq_len
-
-
 def _program_report(compile_fn, num_devices: int, hbm_bytes: int) -> tuple:
   """(compiled program or None, its summary with "fits"; a refused one: its required bytes)."""
   try:
@@ -360,7 +272,7 @@ def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) 
     raise ValueError(f"--programs takes some of {', '.join(PROGRAMS)}; got {list(programs)}.")
   config = config_lib.expand_preset(config)
   devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
-  specs = chip_specs(devices)
+  specs = costs.chip_specs(devices)
   mesh = sharding.make_mesh(config, devices)
   if not config.data.path:  # Compiling reads no data: a preset may leave the path to the run.
     config = config.copy_and_resolve_references()
@@ -373,7 +285,7 @@ def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) 
     )
   model = state_lib.build_model(config)
   seq_len = config.data.seq_len
-  model_flops = model_flops_per_step(config, model)
+  model_flops = costs.model_flops_per_step(config, model)
   hbm = specs["hbm_bytes"]
   peak = specs["peak_bf16_flops"] * len(devices)
   at_mfu = lambda flops: {"100%": flops / peak, "50%": flops / (0.5 * peak)}
@@ -425,7 +337,7 @@ def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) 
   report.update(where)
   report["params"] = sum(leaf.size for leaf in jax.tree.leaves(abstract.params))
   report["flop_formula"] = (
-    "md4jax.aot.model_flops_per_step: 3 * flops_per_token * batch_size * "
+    "md4jax.app.costs.model_flops_per_step: 3 * flops_per_token * batch_size * "
     "seq_len (block diffusion: over 2 seq_len tokens, logits for seq_len)"
   )
   if "train" in programs:
@@ -451,12 +363,12 @@ def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) 
       _, summary = _program_report(
         lambda fn=fn, args=args: _compile(fn, abstract.ema_params, *args), len(devices), hbm
       )
-      flops = sampler_flops(config, model, name)
+      flops = costs.sampler_flops(config, model, name)
       report[name] = {
         **summary,
         "rows": config.eval.batch_size,
         "cache": "exact" if model.block_size else config.sample.cache,
-        "tokens": _call_tokens(config, model, name),
+        "tokens": costs.call_tokens(config, model, name),
         "model_flops": flops,
         "step_seconds_at_mfu": at_mfu(flops),
       }

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from md4jax import aot
+from md4jax.app import costs
 from md4jax.model.transformer import (
   Transformer,
   count_params,
@@ -334,7 +334,7 @@ def test_save_dots_recomputes_no_weight_matmul(scan_layers):
     model = _model(num_layers=2, model_dim=64, mlp_dim=256, remat=remat, scan_layers=scan_layers)
     params = init(model, jax.random.key(1), tokens)["params"]
     grad = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, tokens) ** 2))
-    return aot.compiled_flops(jax.jit(grad).lower(params).compile())
+    return costs.compiled_flops(jax.jit(grad).lower(params).compile())
 
   none, save_dots, full = grad_flops("none"), grad_flops("save_dots"), grad_flops("full")
   assert full > 1.2 * none
