@@ -216,7 +216,7 @@ def _kv_sharding(config, mesh):
 
 
 def fast_dllm_calls(config, model, mesh) -> dict:
-  """sample.cache "prefix" or "dual" (`decoder._block`): {"sampler_step": (the call of one block
+  """sample.cache "prefix" or "dual" (`blocks._block`): {"sampler_step": (the call of one block
   of sample.block_length tokens reading the cached keys and values of all seq_len positions,
   its abstract arguments after params), "sampler_refresh": (the call on the whole sequence
   that writes them, its arguments)}, on eval.batch_size rows."""

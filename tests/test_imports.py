@@ -49,6 +49,7 @@ DENOISER_GENERIC = {
   "sampling.remasking",
   "sampling.categorical",
   "sampling.decoder",
+  "sampling.blocks",
   "sampling.arguments",
   "sampling.trajectory",
 }
@@ -162,7 +163,7 @@ def test_the_public_api_loads_no_data_checkpoint_or_plot_library():
 
 
 def test_the_programs_import_together():
-  # The suite imports these in one process (test_aot, test_model, test_convert, test_harness):
+  # The suite imports these in one process (test_aot, test_convert, test_harness):
   # their module-level flags must not collide. (main is only run as a program.)
   programs = ("aot", "convert", "lm_eval")
   script = "".join(f"import md4jax.{name}\n" for name in programs) + "print('ok')\n"
