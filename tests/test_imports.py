@@ -23,6 +23,8 @@ ALLOWED = {
   "training": {"diffusion", "model", "runtime"},
   "sampling": {"diffusion", "training", "runtime"},
   "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "rng"},
+  # Post-training: rollouts (sampling), policy updates (training's state and step pieces).
+  "posttraining": {"diffusion", "model", "data", "sampling", "training", "runtime", "rng"},
   "config": {"diffusion", "model", "sampling", "evaluation", "runtime"},
   "configs": {"config"},
   "app": {
@@ -32,12 +34,13 @@ ALLOWED = {
     "sampling",
     "training",
     "evaluation",
+    "posttraining",
     "runtime",
     "config",
     "rng",
   },
 }
-LIBRARY = {"diffusion", "model", "data", "training", "sampling", "evaluation"}
+LIBRARY = {"diffusion", "model", "data", "training", "sampling", "evaluation", "posttraining"}
 ENTRY_POINTS = {"main", "aot", "convert", "lm_eval"}
 # Top-level modules that import nothing of md4jax, so any layer may be allowed to import them.
 LEAVES = {"rng", "user_errors"}

@@ -122,35 +122,45 @@ class MarkovLanguage:
     transition = jnp.asarray(self.transition, jnp.float32)
 
     def denoise(z_t: Array, time: Array = None) -> Array:
-      # evidence[ℓ, b, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
       hidden = schedule.mask_prob(time)[:, None, :].astype(jnp.float32) if state_dependent else 1.0
-      evidence = jnp.where(
-        (z_t == mask_id)[..., None], hidden, jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)
-      ).transpose(1, 0, 2)
-
-      def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
-        # Visible tokens of probability 0 (a heuristic sampler can reveal such a pair) leave
-        # nothing to condition on: the chain restarts from what is seen at ℓ.
-        filtered = _normalized_or(message * e, e)
-        return filtered @ transition, message
-
-      first = jnp.broadcast_to(initial, evidence.shape[1:])
-      _, predicted = jax.lax.scan(forward, first, evidence)  # [L, B, V], before seeing x_ℓ.
-
-      def backward(message, e):  # message: p(visible after ℓ | x_ℓ) up to a constant.
-        out = message
-        return _normalized_or((e * message) @ transition.T, jnp.ones_like(message)), out
-
-      last = jnp.ones(evidence.shape[1:], jnp.float32)
-      _, future = jax.lax.scan(backward, last, evidence, reverse=True)
-      # In a context of probability 0 the posterior is undefined; the oracle then keeps the
-      # evidence from the left (and, failing that, what position ℓ itself allows).
-      posterior = _normalized_or(
-        predicted * future * evidence, _normalized_or(predicted * evidence, evidence)
-      )
-      return jnp.log(jnp.maximum(posterior, _LOG_FLOOR)).transpose(1, 0, 2)
+      return chain_posterior_logits(z_t, initial, transition, mask_id, hidden)
 
     return denoise
+
+
+def chain_posterior_logits(z_t: Array, initial: Array, transition: Array, mask_id: int, hidden=1.0):
+  """log p(x_ℓ | z_t) [B, L, V] of the chain (initial [V], transition [V, V], jax arrays, so
+  differentiable in them) at every position: forward–backward, visible tokens as evidence.
+
+  hidden: a masked position's evidence for each value (1, or [B, 1, V] under a state-dependent
+  schedule: the probability that the value would have been masked)."""
+  vocab_size = transition.shape[-1]
+  # evidence[ℓ, b, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
+  evidence = jnp.where(
+    (z_t == mask_id)[..., None], hidden, jax.nn.one_hot(z_t, vocab_size, dtype=transition.dtype)
+  ).transpose(1, 0, 2)
+
+  def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
+    # Visible tokens of probability 0 (a heuristic sampler can reveal such a pair) leave
+    # nothing to condition on: the chain restarts from what is seen at ℓ.
+    filtered = _normalized_or(message * e, e)
+    return filtered @ transition, message
+
+  first = jnp.broadcast_to(initial, evidence.shape[1:])
+  _, predicted = jax.lax.scan(forward, first, evidence)  # [L, B, V], before seeing x_ℓ.
+
+  def backward(message, e):  # message: p(visible after ℓ | x_ℓ) up to a constant.
+    out = message
+    return _normalized_or((e * message) @ transition.T, jnp.ones_like(message)), out
+
+  last = jnp.ones(evidence.shape[1:], transition.dtype)
+  _, future = jax.lax.scan(backward, last, evidence, reverse=True)
+  # In a context of probability 0 the posterior is undefined; the oracle then keeps the
+  # evidence from the left (and, failing that, what position ℓ itself allows).
+  posterior = _normalized_or(
+    predicted * future * evidence, _normalized_or(predicted * evidence, evidence)
+  )
+  return jnp.log(jnp.maximum(posterior, _LOG_FLOOR)).transpose(1, 0, 2)
 
 
 def _normalized_or(weights: Array, fallback: Array) -> Array:

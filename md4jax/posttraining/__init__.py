@@ -1,0 +1,1 @@
+"""Post-training with rewards and preferences: GRPO-family policy updates and VRPO."""
