@@ -15,6 +15,7 @@ STREAMS = {
   "judged_samples": 5,  # The fresh samples the AR judge scores (eval.judge_workdir).
   "frontier": 6,  # --mode=frontier's samples, one fold per point.
   "lm_eval": 7,  # The lm-evaluation-harness model's draws (md4jax.app.harness_model).
+  "post_train": 8,  # --mode=post_train's rollouts and estimates, one fold per step.
 }
 
 

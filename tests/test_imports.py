@@ -25,7 +25,7 @@ ALLOWED = {
   "evaluation": {"diffusion", "model", "data", "sampling", "training", "runtime", "rng"},
   # Post-training: rollouts (sampling), policy updates (training's state and step pieces).
   "posttraining": {"diffusion", "model", "data", "sampling", "training", "runtime", "rng"},
-  "config": {"diffusion", "model", "sampling", "evaluation", "runtime"},
+  "config": {"diffusion", "model", "sampling", "evaluation", "posttraining", "runtime"},
   "configs": {"config"},
   "app": {
     "diffusion",

@@ -40,7 +40,12 @@ class Run:
   data.vocab_size = 0 takes the tokenizer's size (`config` then holds it).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir):
+  def __init__(
+    self, config: ml_collections.ConfigDict, workdir, init_from_key: str = "training.init_from"
+  ):
+    # The key naming the workdir a fresh run starts from (post-training's: post_train.init_from).
+    section, key = init_from_key.split(".")
+    self.init_from, self.init_from_key = config[section][key], init_from_key
     self.mesh = sharding.make_mesh(config)
     config_lib.validate_config(config, self.mesh.devices.size, self.mesh.devices.flat[0].platform)
     self.workdir = workdir_lib.as_workdir(workdir)
@@ -60,7 +65,7 @@ class Run:
     restored = checkpoint.restore(self.manager, self.abstract_state)
     self.restored_step: Optional[int] = None
     self.loop_state: dict = {"window": []}
-    if restored is None:  # A fresh run: a random init, or training.init_from's params.
+    if restored is None:  # A fresh run: a random init, or init_from's params.
       self.state = self._initial_state()
     else:
       self.restored_step, self.state, self.loop_state = (
@@ -71,14 +76,14 @@ class Run:
       self.iterator.set_state(restored.data_state)
 
   def _initial_state(self):
-    """Step 0: a random init, or the EMA params of training.init_from (`md4jax.load`)."""
-    config, init_from = self.config, self.config.training.init_from
+    """Step 0: a random init, or the EMA params of the init_from workdir (`md4jax.load`)."""
+    config, init_from = self.config, self.init_from
     source = None
     if init_from:
       source = load.load(
         init_from,
         mesh=self.mesh,
-        role="training.init_from",
+        role=self.init_from_key,
         check_config=False,  # Only its params are used, laid out on this run's mesh.
         log=lambda line: print(f"init_from: {line}"),
       )
@@ -91,6 +96,8 @@ class Run:
       origin=source
       and f"step {source.step} in {workdir_lib.as_workdir(init_from).checkpoints} (model.type "
       f"{source.config.model.type!r}, now {config.model.type!r})",
+      role=self.init_from_key,
+      path=init_from,
     )
 
   @property
@@ -176,12 +183,18 @@ def _lock(workdir, mode: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _session(
-  config: ml_collections.ConfigDict, workdir, mode: str, *, restored: bool
+def session(
+  config: ml_collections.ConfigDict,
+  workdir,
+  mode: str,
+  *,
+  restored: bool,
+  init_from_key: str = "training.init_from",
 ) -> Iterator[tuple[Run, metrics_writer.MetricsWriter]]:
-  """(run, writer) under the workdir's lock; restored=True requires a checkpoint."""
+  """(run, writer) under the workdir's lock; restored=True requires a checkpoint.
+  init_from_key: the config key naming the workdir a fresh run starts from."""
   with _lock(workdir, mode):
-    run = Run(config, workdir)
+    run = Run(config, workdir, init_from_key)
     try:
       if restored and run.restored_step is None:
         raise FileNotFoundError(
@@ -203,7 +216,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
   """
   config = config_lib.expand_preset(config)
   started = time.perf_counter()
-  with _session(config, workdir, "train", restored=False) as (run, writer):
+  with session(config, workdir, "train", restored=False) as (run, writer):
     config = run.config  # data.vocab_size resolved.
     writer.drop_records_after(run.restored_step or 0)
     if run.restored_step is not None:
@@ -275,7 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
   """--mode=eval: evaluates the EMA params of the latest checkpoint into eval.json."""
   config = config_lib.expand_preset(config)
-  with _session(config, workdir, "eval", restored=True) as (run, writer):
+  with session(config, workdir, "eval", restored=True) as (run, writer):
     results = run.evaluate(writer)
   print(evaluate.summary(results))
   return results
@@ -284,7 +297,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir) -> dict:
 def sample_checkpoint(config: ml_collections.ConfigDict, workdir) -> list[dict]:
   """--mode=sample: samples from the EMA params of the latest checkpoint into samples.jsonl."""
   config = config_lib.expand_preset(config)
-  with _session(config, workdir, "sample", restored=True) as (run, writer):
+  with session(config, workdir, "sample", restored=True) as (run, writer):
     records = run.sample(writer)
   for record in records:
     print(json.dumps({k: v for k, v in record.items() if k != "step"}))

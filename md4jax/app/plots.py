@@ -17,7 +17,15 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 from md4jax.runtime import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # metrics.jsonl series drawn as training curves, each in its own panel.
-CURVES = ("loss", "nelbo_bits_per_token", "grad_norm", "learning_rate", "exponent_std")
+CURVES = (
+  "loss",
+  "nelbo_bits_per_token",
+  "grad_norm",
+  "learning_rate",
+  "exponent_std",
+  "reward_mean",  # --mode=post_train's.
+  "kl",
+)
 
 
 def _read_jsonl(path: pathlib.Path) -> list[dict]:

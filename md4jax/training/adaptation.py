@@ -55,10 +55,12 @@ def initial_state(
   init_params=None,
   origin: str = "",
   log=print,
+  role: str = "training.init_from",
+  path: str = "",
 ) -> state_lib.TrainState:
-  """Step 0 of a fresh run: the random init, or init_params (training.init_from's EMA params,
-  which the caller restores: md4jax.load) sharded as the run's state. origin: where they came
-  from, for the log line and the error."""
+  """Step 0 of a fresh run: the random init, or init_params (the EMA params of the workdir `path`
+  that the key `role` names, which the caller restores: md4jax.load) sharded as the run's
+  state. origin: where they came from, for the log line."""
   if init_params is None:
     return state_lib.init_state(config, model, optimizer, mesh)
   target = state_lib.abstract_state(config, model, optimizer, mesh)
@@ -69,12 +71,12 @@ def initial_state(
       f"{k} {held[k]} vs {wanted[k]}" for k in set(wanted) & set(held) if held[k] != wanted[k]
     ]
     raise ValueError(
-      f"training.init_from={config.training.init_from!r}: its params do not fit this model (its "
+      f"{role}={path!r}: its params do not fit this model (its "
       f"shape vs this run's): {'; '.join(sorted(differ + only)[:4])}. Keep its model keys "
       "(configs/adapt.py does)."
     )
   params = objective.network_params(init_params)
   state = state_lib.state_from_params(config, optimizer, params)
   state = jax.device_put(state, state_lib.state_shardings(target))
-  log(f"Starting from the EMA params of {origin} (training.init_from).")
+  log(f"Starting from the EMA params of {origin} ({role}).")
   return state

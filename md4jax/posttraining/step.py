@@ -1,0 +1,101 @@
+"""The post-training update on a batch of rollouts: pure, one jitted program with the rollouts.
+
+update(state, tokens, rewards, key) -> (state, metrics). Rows come in groups of
+post_train.group_size (the rollouts of one prompt). With log π estimated by
+post_train.likelihood (the same draws for the policy, its rollout-time self and the reference):
+
+  1. the KL's log-ratio, log π − log π_ref, from draws of its own (`objectives`: from the
+     gradient's draws it would bias the update), enters the reward as −β times it;
+  2. the group advantages of those rewards (post_train.algorithm);
+  3. post_train.updates_per_rollout optimizer steps on the clipped surrogate, every one with the
+     rollout-time estimate's draws, so that the ratio π/π_rollout compares like with like.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from md4jax.diffusion import log_likelihood
+from md4jax.posttraining import objectives
+from md4jax.training import objective, train
+from md4jax.training import state as state_lib
+
+
+def log_prob(params, key, tokens, editable, *, model, config: ml_collections.ConfigDict):
+  """post_train.likelihood's estimate of log π(tokens at editable | the rest) [N] under params."""
+  cfg = config.post_train
+  return log_likelihood.log_likelihood(
+    key,
+    objective.sampling_denoiser(model, params, config),
+    tokens,
+    mask_id=config.data.vocab_size,
+    editable=editable,
+    estimator=cfg.likelihood,
+    draws=cfg.likelihood_draws,
+    prompt_mask_prob=cfg.prompt_mask_prob,
+  )
+
+
+def update(
+  state: state_lib.TrainState,
+  tokens: jax.Array,
+  rewards: jax.Array,
+  editable: jax.Array,
+  key: jax.Array,
+  *,
+  model,
+  optimizer: optax.GradientTransformation,
+  config: ml_collections.ConfigDict,
+  reference_params,
+) -> tuple[state_lib.TrainState, dict]:
+  """The module docstring's update of state on rollouts tokens [N, L] (editable [N, L]: the
+  positions the policy generated) with rewards [N]. Pure."""
+  cfg = config.post_train
+
+  def estimate(params, draw_key):
+    return log_prob(params, draw_key, tokens, editable, model=model, config=config)
+
+  shaping_key, draw_key = jax.random.split(key)
+  log_policy = estimate(state.params, shaping_key)
+  log_ratio = log_policy - estimate(reference_params, shaping_key)
+  shaped = objectives.regularized_rewards(rewards, log_ratio, 0.0, cfg.beta)
+  advantages = objectives.group_advantages(
+    shaped.reshape(-1, cfg.group_size), cfg.algorithm
+  ).reshape(-1)
+  log_rollout = jax.lax.stop_gradient(estimate(state.params, draw_key))
+
+  def one_update(state, _):
+    trainable, frozen = state_lib.split_trainable(state.params, config)
+
+    def loss(trainable):
+      log_now = estimate(state_lib.join_trainable(trainable, frozen), draw_key)
+      surrogate = objectives.clipped_objective(log_now, log_rollout, advantages, cfg.clip)
+      return -surrogate.mean()
+
+    value, grads = jax.value_and_grad(loss)(trainable)
+    full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
+    updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
+    trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
+    params = state_lib.join_trainable(trained, frozen)
+    decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
+    ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
+    new_state = state.replace(step=state.step, params=params, opt_state=opt_state, ema_params=ema)
+    return new_state, (value, optax.tree.norm(grads))
+
+  state, (losses, grad_norms) = jax.lax.scan(
+    one_update, state, None, length=cfg.updates_per_rollout
+  )
+  state = state.replace(step=state.step + 1)
+  metrics = {
+    "loss": losses[-1],
+    "grad_norm": grad_norms[-1],
+    "reward_mean": rewards.mean(),
+    "reward_std": rewards.std(),
+    # Per-sequence KL(π ‖ π_ref) ≈ E[log π − log π_ref] over the rollouts (estimated log π).
+    "kl": log_ratio.mean(),
+    # Two independent estimates of each log π: half their squared difference is the variance.
+    "likelihood_variance": 0.5 * jnp.mean((log_policy - log_rollout) ** 2),
+    "learning_rate": state_lib.learning_rate_schedule(config)(state.step - 1),
+  }
+  return state, metrics

@@ -1,0 +1,213 @@
+"""--mode=post_train (md4jax.app.post_train): a trained model post-trained with a bigram reward
+moves toward the exact KL-regularised optimum π* of the generated language (docs/math.md § 11);
+a resumed run continues exactly; a Python reward runs between programs; bad inputs end in one
+line with the last good checkpoint kept."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import md4jax
+from md4jax import config as config_lib
+from md4jax.app import modes, post_train
+from md4jax.diffusion import optimum
+from md4jax.posttraining import rewards as rewards_lib
+from md4jax.runtime import workdir as workdir_lib
+from md4jax.training import checkpoint
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+VOCAB, LENGTH = 8, 16
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  """A tiny model trained 1000 steps on the generated language (about 0.3 bits/token above its
+  entropy), and a bigram reward table."""
+  root = tmp_path_factory.mktemp("post_train")
+  config = config_lib.load_config("tiny")
+  config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 1000
+  config.log_every_steps = 1000
+  config.eval.discrete_steps, config.eval.profile_bins = "", 0
+  config.sample.num_samples = 0
+  modes.train_and_evaluate(config, root / "base")
+  np.save(root / "reward.npy", np.random.default_rng(0).normal(size=(VOCAB, VOCAB)))
+  return root
+
+
+def _config(base, **overrides):
+  config = config_lib.load_config("tiny")
+  config.batch_size = 64
+  config.num_train_steps = 4
+  config.log_every_steps = 1
+  config.checkpoint_every_steps = 2
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.warmup_steps = 1
+  config.optimizer.ema_decay = 0.0
+  config.sample.num_samples = 0
+  config.sample.num_steps = 16
+  config.post_train.init_from = str(base / "base")
+  config.post_train.reward = f"bigram:{base / 'reward.npy'}"
+  config.post_train.algorithm = "dr_grpo"
+  config.post_train.beta = 2.0
+  config.post_train.likelihood_draws = 4
+  for name, value in overrides.items():
+    section, _, key = name.rpartition("__")
+    (config[section] if section else config)[key] = value
+  return config
+
+
+def _samples(workdir, rows=2048):
+  loaded = md4jax.load(workdir)
+  tokens, _ = md4jax.sample(
+    jax.random.PRNGKey(1),
+    loaded.denoise_fn,
+    batch_size=rows,
+    length=LENGTH,
+    schedule=loaded.schedule,
+    mask_id=VOCAB,
+    num_steps=LENGTH,
+  )
+  return np.asarray(tokens), loaded.language
+
+
+def _bigram_frequencies(x):
+  counts = np.zeros((VOCAB, VOCAB))
+  np.add.at(counts, (x[:, :-1].ravel(), x[:, 1:].ravel()), 1)
+  return counts / counts.sum()
+
+
+def test_post_training_moves_the_policy_toward_the_exact_optimum(base, tmp_path):
+  """Dr. GRPO with a β-KL (β = 2, NELBO with 4 draws): the samples' mean reward and their bigram
+  frequencies (a first-order chain fitted to them) move from the base model's toward π*'s."""
+  config = _config(
+    base,
+    num_train_steps=200,
+    checkpoint_every_steps=200,
+    log_every_steps=50,
+    optimizer__warmup_steps=5,
+  )
+  post_train.post_train(config, tmp_path / "post")
+  reward = np.load(base / "reward.npy")
+  before, language = _samples(base / "base")
+  after, _ = _samples(tmp_path / "post")
+  target, _ = optimum.kl_optimum(language, reward, 2.0, LENGTH)
+
+  def distance(x):
+    return 0.5 * np.abs(_bigram_frequencies(x) - target.bigram_frequencies()).sum()
+
+  scores = [reward[x[:, :-1], x[:, 1:]].sum(-1) for x in (before, after)]
+  gained = scores[1].mean() - scores[0].mean()
+  stderr = np.hypot(*(s.std() / np.sqrt(len(s)) for s in scores))
+  best = target.expected_reward(reward)
+  assert gained > 8 * stderr and scores[1].mean() < best + 4 * scores[1].std() / np.sqrt(2048)
+  # Half the way or more to π*'s reward, and the fitted chain at most 60% as far from π*'s.
+  assert scores[1].mean() - scores[0].mean() > 0.5 * (best - scores[0].mean())
+  assert distance(after) < 0.6 * distance(before), (distance(before), distance(after))
+  records = [json.loads(line) for line in (tmp_path / "post" / "metrics.jsonl").open()]
+  assert [r["step"] for r in records] == [50, 100, 150, 200]
+  for name in ("reward_mean", "reward_stderr", "kl", "likelihood_variance", "grad_norm"):
+    assert all(np.isfinite(r[name]) for r in records), name
+  assert (tmp_path / "post" / "plots" / "training_curves.png").is_file()
+
+
+def test_a_resumed_run_continues_exactly(base, tmp_path):
+  """4 steps in one run, or 2, a stop, and a resume from the step-2 checkpoint: the same params
+  and the same records."""
+  config = _config(base)
+  post_train.post_train(config, tmp_path / "whole")
+  shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+  resumed = workdir_lib.as_workdir(tmp_path / "resumed")
+  shutil.rmtree(resumed.checkpoints / "4")
+  post_train.post_train(config, resumed.root)
+  whole, again = md4jax.load(tmp_path / "whole"), md4jax.load(resumed.root)
+  jax.tree.map(np.testing.assert_array_equal, whole.params, again.params)
+  assert (tmp_path / "whole" / "metrics.jsonl").read_text() == resumed.metrics_jsonl.read_text()
+
+
+COUNTER = {"calls": 0}
+
+
+def count_zeros(tokens):
+  return (tokens == 0).sum(-1)
+
+
+def fails_on_third_call(tokens):
+  COUNTER["calls"] += 1
+  if COUNTER["calls"] >= 3:
+    raise RuntimeError("the grader is down")
+  return (tokens == 0).sum(-1)
+
+
+def nan_reward(tokens):
+  return np.full(len(tokens), np.nan)
+
+
+def test_a_python_reward_runs_between_the_rollout_and_update_programs(base, tmp_path):
+  config = _config(base, num_train_steps=2, post_train__reward="test_post_train:count_zeros")
+  record = post_train.post_train(config, tmp_path / "python")
+  assert 0 <= record["reward_mean"] <= LENGTH and np.isfinite(record["kl"])
+
+
+def test_a_reward_that_raises_keeps_the_last_good_checkpoint(base, tmp_path):
+  COUNTER["calls"] = 0
+  config = _config(base, post_train__reward="test_post_train:fails_on_third_call")
+  with pytest.raises(rewards_lib.RewardError) as error:
+    post_train.post_train(config, tmp_path / "failing")
+  message = str(error.value)
+  assert "\n" not in message
+  assert "'test_post_train:fails_on_third_call' raised RuntimeError: the grader is down" in message
+  manager = checkpoint.make_manager(tmp_path / "failing" / "checkpoints", 3)
+  assert manager.all_steps() == [2]
+
+
+@pytest.mark.parametrize(
+  "overrides, error, message",
+  [
+    (
+      dict(post_train__reward="test_post_train:nan_reward"),
+      rewards_lib.RewardError,
+      "returned nan for rollout 0 (64 of 64 not finite)",
+    ),
+    (dict(post_train__reward="bigram:/nonexistent.npy"), rewards_lib.RewardError, "no file"),
+    (dict(post_train__reward="no_such_module:f"), rewards_lib.RewardError, "cannot import"),
+    (dict(post_train__init_from=""), ValueError, "post_train.init_from is empty"),
+    (dict(batch_size=60), ValueError, "not a multiple of post_train.group_size=8"),
+    (dict(post_train__beta=-0.5), ValueError, "post_train.beta must be a finite number >= 0"),
+  ],
+)
+def test_bad_inputs_end_in_one_line(base, tmp_path, overrides, error, message):
+  with pytest.raises(error) as raised:
+    post_train.post_train(_config(base, **overrides), tmp_path / "bad")
+  assert message in str(raised.value) and "\n" not in str(raised.value)
+  assert not (tmp_path / "bad" / "checkpoints").exists() or not any(
+    (tmp_path / "bad" / "checkpoints").iterdir()
+  )
+
+
+def test_init_from_without_a_checkpoint_is_one_line_on_the_command_line(tmp_path):
+  (tmp_path / "empty").mkdir()
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "md4jax.main",
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path / 'post'}",
+      "--mode=post_train",
+      f"--config.post_train.init_from={tmp_path / 'empty'}",
+      f"--config.post_train.reward=bigram:{tmp_path / 'r.npy'}",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert result.returncode != 0
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and "post_train.init_from" in lines[0], result.stderr[-2000:]
