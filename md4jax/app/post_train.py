@@ -172,12 +172,12 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
           writer.write_train(step, record)
           seconds = (time.perf_counter() - started) / len(window)
           line.update(
-            step, record["loss"], config.batch_size * config.data.seq_len / seconds, seconds
-          )
-          print(
-            f"step {step}: reward {record['reward_mean']:.4f} ± {record['reward_stderr']:.4f}, "
-            f"KL {record['kl']:.4f} nats, log π variance {record['likelihood_variance']:.3f}",
-            flush=True,
+            step,
+            record["reward_mean"],
+            config.batch_size * config.data.seq_len / seconds,
+            seconds,
+            name="reward",
+            extra=f" ± {record['reward_stderr']:.4f}  KL {record['kl']:.3f} (estimated)",
           )
           window, started = [], time.perf_counter()
         if step % config.checkpoint_every_steps == 0 or is_last or stopping:

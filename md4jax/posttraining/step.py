@@ -73,7 +73,7 @@ def update(
       surrogate = objectives.clipped_objective(log_now, log_rollout, advantages, cfg.clip)
       return -surrogate.mean()
 
-    value, grads = jax.value_and_grad(loss)(trainable)
+    grads = jax.grad(loss)(trainable)
     full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
     updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
     trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
@@ -81,14 +81,11 @@ def update(
     decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
     ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
     new_state = state.replace(step=state.step, params=params, opt_state=opt_state, ema_params=ema)
-    return new_state, (value, optax.tree.norm(grads))
+    return new_state, optax.tree.norm(grads)
 
-  state, (losses, grad_norms) = jax.lax.scan(
-    one_update, state, None, length=cfg.updates_per_rollout
-  )
+  state, grad_norms = jax.lax.scan(one_update, state, None, length=cfg.updates_per_rollout)
   state = state.replace(step=state.step + 1)
   metrics = {
-    "loss": losses[-1],
     "grad_norm": grad_norms[-1],
     "reward_mean": rewards.mean(),
     "reward_std": rewards.std(),

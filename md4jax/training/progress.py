@@ -49,9 +49,19 @@ class ProgressLine:
     text = _format_duration(seconds)
     return f"{text} + {' and '.join(untimed)} not timed yet" if untimed else text
 
-  def update(self, step: int, loss: float, tokens_per_second: float, seconds_per_step: float):
+  def update(
+    self,
+    step: int,
+    loss: float,
+    tokens_per_second: float,
+    seconds_per_step: float,
+    name: str = "loss",
+    extra: str = "",
+  ):
+    """`loss`: the figure the line shows, under `name` (post-training's: the mean reward), then
+    `extra`."""
     line = (
-      f"step {step}/{self.num_train_steps}  loss {loss:.4f}  "
+      f"step {step}/{self.num_train_steps}  {name} {loss:.4f}{extra}  "
       f"{tokens_per_second:,.0f} tokens/s  ETA {self.eta(step, seconds_per_step)}"
     )
     if self.in_place:
