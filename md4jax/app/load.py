@@ -207,11 +207,12 @@ def load(
     raise LoadError(" ".join(message.split())) from None
   if is_hf:
     try:
-      network = hf_lib.folder_params(folder, config, hf)
+      # Each param placed on mesh as it is read, sharded by config's rules as a run lays it out:
+      # never the whole float32 model on every device (32 GB a device for LLaDA-8B).
+      placed = hf_lib.folder_params(folder, config, hf, mesh=mesh)
     except (ValueError, FileNotFoundError) as e:
       raise LoadError(" ".join(f"{where}: {e}".split())) from None
     model = state_lib.build_model(config)
-    placed = jax.device_put(network, sharding.replicated(mesh))
     tokenizer = (
       tokenizer_lib.load(config.data.tokenizer_path) if config.data.tokenizer_path else None
     )
