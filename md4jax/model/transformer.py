@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from md4jax.model import lora
 from md4jax.model.attention import segment_attention_mask, softmax_attention  # noqa: F401 (re-exported)
 from md4jax.model.block import Block, ScannedBlock, remat_policy
 from md4jax.model.layers import (
@@ -105,7 +106,7 @@ class Transformer(nn.Module):
   # LoRA (`md4jax.model.lora`): a rank-r update W + (lora_alpha / r)·A·B on every attention and
   # MLP projection, B zeros at init (the base network exactly); 0 = none.
   lora_rank: int = 0
-  lora_alpha: float = 16.0  # The LoRA update's scale is lora_alpha / lora_rank.
+  lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
 
   def _check_config(self, alpha):
     check_network(
@@ -347,6 +348,10 @@ class Transformer(nn.Module):
       )(cond)
       shift, scale = jnp.split(mod, 2, axis=-1)
       x = modulate(x, shift, scale)
+    if self.shift_logits:
+      # Dream's shift on the final hidden state [B, L, D], before the projection: the same logits
+      # as shifting them, without a copy of [B, L, V] (V = 152064 for Dream).
+      x = jnp.concatenate([x[:, :1], x[:, :-1]], axis=1)
     if self.tie_embeddings:
       x, table = nn.dtypes.promote_dtype(x, embed.embedding[: self.vocab_size], dtype=self.dtype)
       logits = jnp.einsum("bld,vd->blv", x, table)
@@ -362,8 +367,6 @@ class Transformer(nn.Module):
       )(x)
     if self.checkpoint_mask_id >= 0:
       logits = logits.at[..., self.checkpoint_mask_id].set(-jnp.inf)
-    if self.shift_logits:
-      logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
     # The compute dtype: a float32 copy of [B, L, V] would dominate memory at V = 50k.
     logits = constrain(logits, ("batch", "length", "vocab"))
     return logits if cache is None else (logits, {"k": new_kv[0], "v": new_kv[1]})
