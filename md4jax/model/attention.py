@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from md4jax.model import lora
 from md4jax.model.layers import HEADS, Projection, constrain, kernel_init
 from md4jax.model.rope import rotate
 from md4jax.model.splash import splash_attention
@@ -87,7 +88,7 @@ class Attention(nn.Module):
   num_kv_heads: int = 0  # Key and value heads (grouped-query attention); 0 = num_heads.
   qkv_bias: bool = False  # A bias on the query, key and value projections (Qwen2's).
   lora_rank: int = 0  # LoRA adapters of this rank on every projection (`Projection`); 0 = none.
-  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
+  lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
 
   def _projection(self, shape, num_in, names, initializer, bias=False, *, name):
     return Projection(

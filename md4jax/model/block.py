@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from md4jax.model import lora
 from md4jax.model.attention import Attention
 from md4jax.model.layers import HIDDEN, SwiGLU, adaln_projection, constrain, make_norm, modulate
 from md4jax.model.projection import PROJECTION
@@ -28,7 +29,7 @@ class Block(nn.Module):
   num_kv_heads: int = 0  # Attention's.
   qkv_bias: bool = False  # Attention's.
   lora_rank: int = 0  # LoRA adapters of this rank on the attention and MLP projections; 0 = none.
-  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
+  lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
 
   @nn.compact
   def __call__(self, x, cond, mask, rope, segment_ids=None, cache=None):

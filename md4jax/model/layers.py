@@ -122,7 +122,7 @@ class Projection(nn.Module):
   dtype: jnp.dtype
   bias: bool = False
   lora_rank: int = 0  # Rank of the LoRA update; 0 = none.
-  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
+  lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
 
   @nn.compact
   def __call__(self, x):
@@ -174,7 +174,7 @@ class SwiGLU(nn.Module):
   dtype: jnp.dtype
   gate: str = "swiglu"
   lora_rank: int = 0  # LoRA adapters of this rank on gate, up and down (`Projection`); 0 = none.
-  lora_alpha: float = 0.0  # The LoRA update's scale is lora_alpha / lora_rank.
+  lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
 
   @nn.compact
   def __call__(self, x):

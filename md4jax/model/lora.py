@@ -18,10 +18,19 @@ LORA_A, LORA_B = "lora_a", "lora_b"  # The adapter params beside a projection's 
 ADAPTER_NAMES = (LORA_A, LORA_B)
 # The logical name of the rank axis: in no sharding rule, so replicated (r is a handful).
 RANK_AXIS = "lora_rank"
+# lora_alpha's default everywhere it is a field (Projection, SwiGLU, Attention, Block, Transformer)
+# and in config.model: one default, so a layer used alone with lora_rank > 0 scales as a run does.
+DEFAULT_ALPHA = 16.0
 
 
 def scale(rank: int, alpha: float) -> float:
-  """The update's factor alpha / rank (PEFT's lora_alpha / r)."""
+  """The update's factor alpha / rank (PEFT's lora_alpha / r); ValueError unless rank > 0 and
+  alpha > 0 (alpha 0 would make every adapter a no-op that still trains)."""
+  if not rank > 0 or not alpha > 0:
+    raise ValueError(
+      f"LoRA needs lora_rank > 0 and lora_alpha > 0 (the update is scaled by lora_alpha / "
+      f"lora_rank), got lora_rank={rank!r}, lora_alpha={alpha!r}."
+    )
   return alpha / rank
 
 
