@@ -1,4 +1,4 @@
-"""Categorical draws with float64-accurate noise, and logit filters (temperature, top-k, top-p).
+"""Categorical draws with float64-accurate noise, and logit filters (temperature, top-p, top-k).
 
 Gumbel-max with float32 noise cannot produce a Gumbel value above about 16.6
 (the uniform's resolution near 1 is 2^-24), so tokens more than ~16 nats below
@@ -55,7 +55,15 @@ def filter_logits(
   top_k: Optional[int] = None,
   top_p: Optional[float] = None,
 ) -> Array:
-  """Applies temperature, then top-k, then top-p (nucleus) filtering; removed entries get −inf."""
+  """Applies temperature, then top-p (nucleus), then top-k filtering; removed entries get −inf.
+
+  With both top_k and top_p, the order is Dream's (`sample_tokens` in its generation_utils.py:
+  top_p_logits, then top_k_logits): the nucleus is taken of the whole distribution, then at most
+  k of its tokens are kept. Hugging Face transformers' generate applies TopKLogitsWarper before
+  TopPLogitsWarper instead (the nucleus of the renormalized top k, never more tokens than this
+  order keeps); LLaDA's generate has neither. E.g. probabilities [.3, .29, .21, .2], k = 2,
+  p = .5: this keeps the first two (the nucleus of .5 is {.3, .29}), transformers' order the first
+  alone (.3 / .59 ≥ .5)."""
   if temperature < 0:
     raise ValueError(f"temperature must be >= 0, got {temperature}.")
   if top_k is not None and not 1 <= top_k:
@@ -68,11 +76,6 @@ def filter_logits(
   # XLA may compute the logits twice, in two fusions whose transcendental functions (a sin, an
   # exp) round differently: a threshold taken from one copy and compared with the other could
   # drop the token it came from. So which tokens are kept is decided on the sorted copy alone.
-  if top_k is not None and top_k < logits.shape[-1]:
-    top_values, top_ids = jax.lax.top_k(logits, top_k)
-    kept = _scattered(top_ids, True, logits.shape)
-    kept |= logits >= top_values[..., -1:]  # Ties with the k-th largest stay, as before.
-    logits = jnp.where(kept, logits, -jnp.inf)
   if top_p is not None and top_p < 1.0:
     ids = jnp.broadcast_to(jnp.arange(logits.shape[-1], dtype=jnp.int32), logits.shape)
     negated, order = jax.lax.sort_key_val(-logits, ids, dimension=logits.ndim - 1)
@@ -84,6 +87,11 @@ def filter_logits(
     num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)
     threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
     kept = _scattered(order, sorted_logits >= threshold, logits.shape)
+    logits = jnp.where(kept, logits, -jnp.inf)
+  if top_k is not None and top_k < logits.shape[-1]:
+    top_values, top_ids = jax.lax.top_k(logits, top_k)
+    kept = _scattered(top_ids, True, logits.shape)
+    kept |= logits >= top_values[..., -1:]  # Ties with the k-th largest stay, as before.
     logits = jnp.where(kept, logits, -jnp.inf)
   return logits
 
