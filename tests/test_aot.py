@@ -104,6 +104,7 @@ TINY = (
   "--config.data.seq_len=256",
   "--config.batch_size=4",
   "--config.eval.batch_size=4",
+  "--config.sample.length=0",  # The context: Dream's preset samples 512 tokens, past 256.
 )
 TINY_HEADS = {
   "llada": ("--config.model.num_heads=2",),

@@ -17,17 +17,32 @@ of the 15.75 GiB libtpu allows): float32 params, AdamW moments and EMA take 16 b
 dual cache) fits all three (docs/scaling.md).
 
 SFT of a converted checkpoint (docs/convert.md) on prompt/response JSONL, only the responses
-masked and scored:
+masked and scored. Text data needs data.vocab_size to be the tokenizer's number of ids T (the mask
+input is id T), and the released embedding has 152064 rows, more than T: convert with
+--vocab_size=T (md4jax.convert refuses text data without it and prints T) and give the run the
+same T, or training.init_from's params do not fit the preset's 152064 rows:
 
+  python -m md4jax.convert --in=/mnt/shared/Dream-v0-Instruct-7B \
+      --out=/mnt/shared/dream-v0-instruct-7b --config=configs/conditional.py \
+      --config.data.path=/mnt/shared/pairs.jsonl --vocab_size=T
   python -m md4jax.main --config=configs/dream.py --workdir=/mnt/shared/dream-sft \
       --config.training.init_from=/mnt/shared/dream-v0-instruct-7b \
+      --config.data.vocab_size=T \
       --config.data.path=/mnt/shared/pairs.jsonl \
       --config.data.tokenizer_path=/mnt/shared/dream-v0-instruct-7b/tokenizer.json
+
+Sampling (--mode=sample) takes Dream's maskgit_plus ranking and proportional reveal counts over the
+whole sample as one block, with as many steps as tokens to generate, as Dream's README does
+(max_new_tokens=512, steps=512): one token a step.
 """
 
 from md4jax import config as config_lib
 
-# Qwen2.5's embedding rows (151665 tokenizer ids, padded to 152064); md4jax's mask id is one past.
+# The released checkpoints' embedding rows (vocab_size in their config.json), padded past the
+# tokenizer's ids. Qwen2.5's tokenizer has 151665 (0-151664); Dream's mask token <|mask|> is
+# 151666 (config.json's mask_token_id), a tokenizer id (md4jax.convert checks it), so Dream's
+# tokenizer has at least 151667 ids, fewer than the rows. A run on text sets data.vocab_size to
+# the tokenizer's count (the module docstring); md4jax's mask input is id data.vocab_size.
 DREAM_VOCAB_SIZE = 152064
 
 
@@ -84,12 +99,18 @@ def get_config():
   config.sample.method = "confidence"  # Dream's maskgit_plus: the most confident positions first.
   config.sample.confidence = "drawn_filtered_prob"  # maskgit_plus: the drawn token's probability.
   config.sample.reveal_counts = "proportional"  # Dream's counts: int(n (1 - s/t)) of the n left.
-  config.sample.num_steps = 32  # Steps per block: one token per step at block_length 32.
-  config.sample.block_length = (
-    32  # Windows past the context only: within it, one block (the canvas).
-  )
+  # Dream's default decoding: steps = new tokens. A sample of 512 tokens is one block (cache "none",
+  # no blocks_after_prompt), so 512 steps reveal one token a step from an all-mask start (the
+  # proportional counts reveal none on the first step and two on the last, as Dream's do). A
+  # prompt of P tokens is part of the 512; for Dream's max_new_tokens = N, steps = N, set
+  # sample.length = P + N and sample.num_steps = N.
+  config.sample.length = 512  # Tokens per sample, prompt included (0 would be the 4096 context).
+  config.sample.num_steps = 512  # Steps of the one block: one token a step (above).
+  # Unused by these defaults: the decoding block of sample.cache "prefix" or "dual" (docs/scaling.md
+  # prices Dream's shape with them), and the window step of a sample.length past the context.
+  config.sample.block_length = 32
   # No KV cache: a cached call runs a block alone, and Dream's shifted logits need the position
   # before it (docs/scaling.md's dual rows for Dream are its shape's cost, not a supported path).
   config.sample.cache = "none"
-  config.sample.trajectory = False  # No trajectory files for 4096-token samples.
+  config.sample.trajectory = False  # No trajectory files for a 7B's 512-step samples.
   return config
