@@ -305,6 +305,67 @@ def test_guidance_validates_and_samples_with_blocks_and_caches(overrides):
   assert np.all(np.asarray(tokens)[:, :2] == [1, 2]) and int(info["num_blocks"]) == 4
 
 
+def test_blocks_after_a_prompt_validate_without_the_prompts_width():
+  """configs/llada.py's decoding (blocks after the prompt, a cache): the length after the prompt
+  is whole blocks, which validation cannot see; it must not ask the whole length to be."""
+  overrides = dict(sample__cache="dual", sample__block_length=4, sample__length=14)
+  _bad(sample__blocks_after_prompt=True, sample__prompt="1 2", **overrides)()
+  with pytest.raises(ValueError, match=r"the length 14 \(sample.length or data.seq_len\)"):
+    _bad(sample__prompt="1 2", **overrides)()  # Blocks from position 0: whole blocks of 14.
+
+
+def test_decoding_starts_the_blocks_after_the_prompt_for_every_caller():
+  config = load("tiny")
+  config.sample.update(blocks_after_prompt=True, block_length=4, length=14, prompt="1 2")
+  model = state_lib.build_model(config)
+  how = generate.decoding(config, model, 14, 6)
+  assert (how["block_offset"], how["block_size"], how["cache"]) == (6, 4, "none")
+  assert "block_offset" not in generate.decoding(config, model, 14)  # No prompt: from 0.
+  with pytest.raises(ValueError, match="the 10 tokens after the 6-token prompt are no whole"):
+    generate.decoding(config, model, 16, 6)
+  config.sample.cache = "dual"
+  assert generate.decoding(config, model, 14, 6)["block_offset"] == 6
+  with pytest.raises(ValueError, match="the 14 tokens after the 0-token prompt are no whole"):
+    generate.decoding(config, model, 14)  # The caches decode whole blocks.
+  config.sample.blocks_after_prompt = False
+  assert "block_offset" not in generate.decoding(config, model, 16, 6)
+
+
+def test_records_keep_the_blocks_and_the_chat_rendering():
+  config = load("tiny")
+  plain = generate.settings(config)
+  assert not {"blocks_after_prompt", "block_length", "chat", "cache"} & set(plain)
+  config.sample.update(blocks_after_prompt=True, block_length=4, prompt="1 2")
+  assert generate.settings(config) == dict(
+    plain, prompt="1 2", blocks_after_prompt=True, block_length=4
+  )
+  config.sample.update(blocks_after_prompt=False, block_length=0, length=40)  # Windows.
+  assert generate.settings(config) == dict(plain, prompt="1 2", length=40, block_length=8)
+  config.sample.update(length=0, cache="prefix", block_length=4, blocks_after_prompt=True)
+  config.data.chat_template = "{{ messages[0]['content'] }}"
+  config.sample.chat = True
+  run = generate.settings(config)
+  assert (run["cache"], run["block_length"], run["blocks_after_prompt"], run["chat"]) == (
+    "prefix",
+    4,
+    True,
+    True,
+  )
+
+
+def test_shifted_logits_need_a_window_larger_than_the_block():
+  """Dream's shift takes a block's first logits from the position before it: a window of
+  data.seq_len that is one block leaves it out; the caches run a block alone."""
+  shifted = dict(model__shift_logits=True, sample__length=40)
+  with pytest.raises(ValueError, match=r"model.shift_logits takes a block's first logits") as e:
+    _bad(sample__block_length=16, **shifted)()
+  assert "sample.block_length=16" in str(e.value) and "\n" not in str(e.value)
+  _bad(sample__block_length=8, **shifted)()
+  with pytest.raises(ValueError, match=r"model.shift_logits.*sample.cache='dual'") as e:
+    _bad(model__shift_logits=True, sample__cache="dual", sample__block_length=4)()
+  assert "\n" not in str(e.value)
+
+
 def test_batch_not_divisible_by_devices():
   with pytest.raises(
     ValueError,

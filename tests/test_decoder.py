@@ -15,7 +15,7 @@ import md4jax
 from md4jax.diffusion import groundtruth, schedules
 from md4jax.diffusion.denoiser import Denoiser
 from md4jax.model.transformer import Transformer
-from md4jax.sampling import decoder
+from md4jax.sampling import arguments, decoder
 
 VOCAB = 6
 MASK_ID = VOCAB
@@ -245,3 +245,61 @@ def test_blocks_after_the_prompt():
     _sample(denoiser, block_offset=4, block_size=2, **kwargs)
   with pytest.raises(ValueError, match="block_offset must lie in"):
     _sample(denoiser, block_offset=8, **kwargs)
+
+
+def test_block_offset_errors_name_one_condition_each():
+  model, init = _network()
+  denoiser = Denoiser.of_network(model, init(0))
+  prompt = jnp.asarray([[1, 2, 3]] * 3, jnp.int32)
+  cases = {
+    r"block_offset=3 takes cache none, prefix or dual; .* \(got cache='exact'\)\.$": dict(
+      block_offset=3, cache="exact", prompt=prompt
+    ),
+    r"block_offset=3 starts the blocks after the prompt, and no prompt is given": dict(
+      block_offset=3
+    ),
+    r"block_offset=4 starts the blocks after a prompt at least that wide; the prompt is 3 wide": (
+      dict(block_offset=4, prompt=prompt)
+    ),
+  }
+  for message, kwargs in cases.items():
+    with pytest.raises(ValueError, match=message) as raised:
+      _sample(denoiser, block_size=2, **kwargs)
+    assert "got 'none'" not in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_traced_prompt_masked_before_the_blocks_is_reported_not_returned_silently():
+  """Under jit the prompt is not concrete: the positions before block_offset it leaves masked
+  (sampled by no block: the mask id) are counted in info, which check_filled raises on."""
+  model, init = _network()
+  denoiser = Denoiser.of_network(model, init(0))
+  holed = jnp.asarray([[1, 2, MASK_ID, 3]] * 3, jnp.int32)
+  run = jax.jit(lambda prompt: _sample(denoiser, prompt=prompt, block_offset=4, block_size=2))
+  tokens, info = jax.device_get(run(holed))
+  assert (tokens[:, 2] == MASK_ID).all() and int(info["unfilled"]) == 3
+  with pytest.raises(ValueError, match="3 positions before block_offset were neither given"):
+    arguments.check_filled(info)
+  tokens, info = jax.device_get(run(jnp.asarray([[1, 2, 4, 3]] * 3, jnp.int32)))
+  assert int(info["unfilled"]) == 0 and (tokens < VOCAB).all()
+  arguments.check_filled(info)
+  with pytest.raises(ValueError, match="leaves positions before it masked"):  # Concrete: before.
+    _sample(denoiser, prompt=holed, block_offset=4, block_size=2)
+  _, info = _sample(denoiser, block_size=2)
+  assert "unfilled" not in info  # No offset: the info is as it was.
+
+
+def test_shifted_logits_refuse_the_caches_and_windows_of_one_block():
+  """Dream's shift_logits takes a block's first logits from the position before it: the caches
+  run a block alone, and a window of context_length = block_size holds no position before it."""
+  model, init = _network(shift_logits=True)
+  denoiser = Denoiser.of_network(model, init(0))
+  for cache in ("exact", "prefix", "dual"):
+    with pytest.raises(ValueError, match=f"cache='{cache}' runs each block alone, but the netw"):
+      _sample(denoiser, cache=cache, block_size=4)
+  with pytest.raises(ValueError, match="context_length = block_size = 4 leaves out"):
+    _sample(denoiser, block_size=4, context_length=4)
+  with pytest.raises(ValueError, match="context_length = block_size = 4 leaves out"):
+    _sample(denoiser, block_size=4, context_length=4, block_offset=2, prompt=jnp.ones(2, int))
+  tokens, info = _sample(denoiser, block_size=4, context_length=8)
+  assert int(info["num_blocks"]) == 2 and (np.asarray(tokens) < VOCAB).all()
+  _sample(denoiser, block_size=8, context_length=8)  # One block: position 0 keeps its own.

@@ -422,3 +422,53 @@ def test_blocks_after_the_prompt_must_tile_the_rest(golden_models):
   config.sample.length = 14
   tokens, nfe, _, _ = generate.generate(config, loaded.model, loaded.params, loaded.tokenizer, key)
   assert tokens.shape == (1, 14) and nfe == 4  # Two blocks of two steps.
+
+
+def test_lladas_dual_cache_blocks_follow_a_prompt_of_any_width(golden_models):
+  """configs/llada.py's decoding (the dual cache, blocks after the prompt) of a prompt whose width
+  is no multiple of the block: validation passes, and the blocks tile the length after it."""
+  from md4jax.app import generate  # pylint: disable=g-import-not-at-top
+
+  loaded = golden_models["llada"]
+  config = loaded.config.copy_and_resolve_references()
+  config.sample.update(prompt="12 34 56 7 8 9", length=14, block_length=4, blocks_after_prompt=True)
+  config.sample.update(method="confidence", num_samples=2, num_steps=2, trajectory=False)
+  config.sample.update(cache="dual", temperature=0.0, reveal_counts="even")
+  config_lib.validate_config(config, num_devices=1)
+  key = jax.random.PRNGKey(0)
+  tokens, nfe, _, _ = generate.generate(config, loaded.model, loaded.params, loaded.tokenizer, key)
+  prompt = generate.encode_prompt(config, loaded.tokenizer)
+  assert len(prompt) == 6 and tokens.shape == (2, 14)
+  assert nfe == 6  # Two blocks [6, 10), [10, 14): a refresh and two steps each.
+  np.testing.assert_array_equal(tokens[:, :6], np.stack([prompt] * 2))
+  assert (tokens < loaded.config.data.vocab_size).all()
+  expected, _ = md4jax_sample(
+    loaded,
+    batch_size=2,
+    length=14,
+    method="confidence",
+    reveal_counts="even",
+    num_steps=2,
+    temperature=0.0,
+    prompt=jnp.asarray(prompt),
+    block_size=4,
+    block_offset=6,
+    cache="dual",
+  )
+  np.testing.assert_array_equal(tokens, np.asarray(expected))
+
+
+def test_lm_evals_generation_refuses_blocks_after_the_prompt(golden_models):
+  """generate_until samples every context length in one program: LLaDA's blocks after each
+  prompt are refused in one line, as sample.cache is."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from md4jax.app import harness_generate, harness_model  # pylint: disable=g-import-not-at-top
+
+  loaded = golden_models["llada"]
+  config = loaded.config.copy_and_resolve_references()
+  config.sample.update(blocks_after_prompt=True, block_length=4)
+  with pytest.raises(harness_model.HarnessError, match="sample.blocks_after_prompt") as raised:
+    harness_generate.Generator(dataclasses.replace(loaded, config=config), 0)
+  assert "\n" not in str(raised.value)
+  harness_generate.Generator(loaded, 0)

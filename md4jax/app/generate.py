@@ -18,16 +18,30 @@ from md4jax.data import chat
 from md4jax.diffusion.denoiser import caches_keys_and_values
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
-from md4jax.sampling import decoder, samplers
+from md4jax.sampling import arguments, decoder, samplers
 from md4jax.sampling import trajectory as trajectory_lib
 from md4jax.training import objective
 
 
+def _block_length(config: ml_collections.ConfigDict) -> int:
+  """sample.block_length where it decides the blocks (0: it does not): with sample.cache,
+  sample.blocks_after_prompt, or an mdm's windows past the context (0 there: data.seq_len // 2)."""
+  cfg, seq_len = config.sample, config.data.seq_len
+  if cfg.cache != "none" or cfg.blocks_after_prompt:
+    return cfg.block_length
+  block_diffusion = 0 < config.diffusion.block_size < seq_len
+  if config.model.type == "mdm" and not block_diffusion and (cfg.length or seq_len) > seq_len:
+    return cfg.block_length or seq_len // 2
+  return 0
+
+
 def settings(config: ml_collections.ConfigDict) -> dict:
   """The sampler settings, as recorded next to every sample (an ar model decodes token by token:
-  the mdm methods' own settings are not its)."""
+  the mdm methods' own settings are not its): what reproduces the samples, the prompt's chat
+  rendering and the blocks included."""
   cfg = config.sample
   method = "ar" if config.model.type == "ar" else cfg.method
+  block_length = _block_length(config)
   return {
     "method": method,
     "num_steps": cfg.num_steps,
@@ -54,6 +68,9 @@ def settings(config: ml_collections.ConfigDict) -> dict:
     "length": cfg.length or config.data.seq_len,
     "prompt": cfg.prompt,
     **({"cache": cfg.cache, "block_length": cfg.block_length} if cfg.cache != "none" else {}),
+    **({"chat": True} if cfg.chat and cfg.prompt else {}),
+    **({"blocks_after_prompt": True} if cfg.blocks_after_prompt else {}),
+    **({"block_length": block_length} if block_length and cfg.cache == "none" else {}),
   }
 
 
@@ -86,11 +103,31 @@ def _timed(fn, *args):
   return sharding.to_host(outputs), time.perf_counter() - start
 
 
-def decoding(config: ml_collections.ConfigDict, model, length: int) -> dict:
-  """How the CLI decodes `length` tokens: `sample`'s method, block_size, cache and
-  context_length. An ar model token after token with the exact KV cache; block diffusion in its
-  blocks with the exact cache; sample.cache's blocks; an mdm past its context in windows of
-  data.seq_len; else one block."""
+def decoding(config: ml_collections.ConfigDict, model, length: int, prompt_width: int = 0) -> dict:
+  """How the CLI decodes `length` tokens after a prompt prompt_width wide (0: none): `sample`'s
+  method, block_size, cache, context_length and block_offset. An ar model token after token with
+  the exact KV cache; block diffusion in its blocks with the exact cache; sample.cache's blocks;
+  an mdm past its context in windows of data.seq_len; else one block. With
+  sample.blocks_after_prompt the blocks start after the prompt (block_offset, where there is
+  one), and the length after it must be whole blocks (as LLaDA's generate asserts; the caches'
+  blocks always): ValueError naming the keys otherwise."""
+  how = _decoding(config, model, length)
+  cfg = config.sample
+  if not (cfg.blocks_after_prompt and config.model.type == "mdm"):
+    return how
+  if prompt_width:
+    how["block_offset"] = prompt_width
+  if (prompt_width or how["cache"] != "none") and (length - prompt_width) % how["block_size"]:
+    raise ValueError(
+      f"sample.blocks_after_prompt: the {length - prompt_width} tokens after the "
+      f"{prompt_width}-token prompt are no whole number of sample.block_length="
+      f"{how['block_size']} blocks; change sample.length (0: data.seq_len) or the block length."
+    )
+  return how
+
+
+def _decoding(config: ml_collections.ConfigDict, model, length: int) -> dict:
+  """`decoding` but the blocks' offset."""
   cfg, seq_len = config.sample, config.data.seq_len
   if config.model.type == "ar":  # One reveal per one-token block: one call per token.
     cache = "exact" if caches_keys_and_values(model) else "none"  # A test's oracle: re-run.
@@ -137,15 +174,7 @@ def generate(
   prompt_ids = encode_prompt(config, source)
   # Host arrays: with params spread over several processes, jit places them on every device.
   prompt = np.asarray(prompt_ids, np.int32) if len(prompt_ids) else None
-  how = decoding(config, model, length)
-  if cfg.blocks_after_prompt and config.model.type == "mdm" and prompt is not None:
-    how["block_offset"] = len(prompt_ids)
-    if (length - len(prompt_ids)) % how["block_size"]:  # As LLaDA's generate asserts.
-      raise ValueError(
-        f"sample.blocks_after_prompt: the {length - len(prompt_ids)} tokens after the "
-        f"{len(prompt_ids)}-token prompt are no whole number of sample.block_length="
-        f"{how['block_size']} blocks; change sample.length (0: data.seq_len) or the block length."
-      )
+  how = decoding(config, model, length, len(prompt_ids))
   record_trajectory = record_trajectory and how["block_size"] is None and config.model.type == "mdm"
   kwargs = dict(
     sampler_kwargs(config, params),
@@ -161,6 +190,7 @@ def generate(
     prompt,
   )
   samplers.check_logits(info, how["method"])
+  arguments.check_filled(info)  # The prompt was traced: its positions before the blocks.
   return np.asarray(tokens), int(info["nfe"]), seconds, info.get("trajectory")
 
 

@@ -6,7 +6,8 @@ A masked diffusion model fills a row [context][n masks][padding] (`harness_model
 with `md4jax.sample`, one row at a time under vmap, so each row's draws come from its own key
 (its `row_id`) whatever the batch; the context and the padding are given and never change. A
 block-diffusion model decodes block after block with the exact KV cache (one request at a time);
-an ar model token after token (`generate.decoding`).
+an ar model token after token (`generate.decoding`). sample.blocks_after_prompt (LLaDA's blocks,
+each row's at its own context length) is refused, as the harness refuses sample.cache.
 """
 
 import math
@@ -29,6 +30,12 @@ class Generator:
   """Samples continuations of n tokens after each context, in rows of data.seq_len."""
 
   def __init__(self, loaded: harness_model.Loaded, seed: int):
+    if loaded.config.sample.blocks_after_prompt:
+      raise harness_model.HarnessError(
+        "config.sample.blocks_after_prompt: generate_until samples each request's continuation "
+        "as one block after its own context length (one program for every context length); its "
+        "blocks cannot start after each prompt. Use sample.blocks_after_prompt=false."
+      )
     self.loaded, self.config = loaded, loaded.config
     self.key = jax.random.fold_in(rng.stream(seed, harness_model.KEY_STREAM), _SAMPLE_STREAM)
     self._compiled = {}  # temperature -> the jitted batch sampler.

@@ -233,7 +233,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.chat = False  # Render sample.prompt as a user's message in data.chat_template (an Instruct model's form) before encoding it.
   config.sample.length = 0  # Tokens per sample; 0 = data.seq_len. Longer (mdm): generated block by block.
   config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2. With sample.cache: the decoding block.
-  config.sample.cache = "none"  # Fast-dLLM's approximate KV cache, "prefix" or "dual": decode block by block within the context (sample.block_length, dividing the length; time-free mdm); "none" = off.
+  config.sample.cache = "none"  # Fast-dLLM's approximate KV cache, "prefix" or "dual": decode block by block within the context (sample.block_length, dividing the length, or with sample.blocks_after_prompt the length after the prompt; time-free mdm); "none" = off.
   config.sample.trajectory = True  # Write trajectory.html and .gif of the first sample (mdm without blocks, length <= seq_len).
   # fmt: on
   return _declared(config)

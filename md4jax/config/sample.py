@@ -112,6 +112,13 @@ def _validate_sample(config: ml_collections.ConfigDict):
     f"sample.block_length (0: data.seq_len // 2 = {data.seq_len // 2}) in windows of "
     "data.seq_len, which the block length must divide.",
   )
+  check(
+    not (windows and model.shift_logits and block == data.seq_len),
+    f"sample.length={sample.length} > data.seq_len={data.seq_len} samples blocks of "
+    f"sample.block_length={block} in windows of data.seq_len, and model.shift_logits takes a "
+    "block's first logits from the position before it, which such a window leaves out; use a "
+    "block length below data.seq_len.",
+  )
 
 
 def _validate_cache(config: ml_collections.ConfigDict):
@@ -128,11 +135,16 @@ def _validate_cache(config: ml_collections.ConfigDict):
     f"sample.cache={sample.cache!r} serves a time-free bidirectional mdm (model.type='mdm', "
     "model.time_conditioning='none', no diffusion.block_size).",
   )
+  # model.shift_logits with a cache: refused by config.adapt, which runs before.
+  # Under sample.blocks_after_prompt the blocks tile the length after the prompt, which
+  # generate.decoding checks once the prompt is encoded.
+  whole = sample.blocks_after_prompt or length % max(sample.block_length, 1) == 0
   check(
-    length <= config.data.seq_len and sample.block_length > 0 and length % sample.block_length == 0,
+    length <= config.data.seq_len and sample.block_length > 0 and whole,
     f"sample.cache={sample.cache!r} decodes within the context in blocks: the length {length} "
     f"(sample.length or data.seq_len) must be <= data.seq_len and divisible by "
-    f"sample.block_length={sample.block_length} > 0.",
+    f"sample.block_length={sample.block_length} > 0 (with sample.blocks_after_prompt, the "
+    "length after sample.prompt).",
   )
 
 

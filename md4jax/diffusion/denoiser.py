@@ -125,11 +125,18 @@ class Denoiser:
     return self.network.apply({"params": self.params}, tokens, time, segments, positions)
 
   @property
+  def shifts_logits(self) -> bool:
+    """Whether the network takes position i's logits from its output at i − 1 (Dream's
+    shift_logits; position 0 keeps its own): a block's first position reads the one before it."""
+    return bool(getattr(self.network, "shift_logits", False))
+
+  @property
   def cache_layout(self) -> Optional[CacheLayout]:
-    """The KV cache's layout of a network denoiser without per-row inputs (None: no cache)."""
+    """The KV cache's layout of a network denoiser without per-row inputs (None: no cache; a
+    network with shift_logits has none either: a cached call runs its block alone)."""
     if not caches_keys_and_values(self.network) or self.inputs is not None:
       return None
-    if getattr(self.network, "shift_logits", False):  # Reads the position before the block.
+    if self.shifts_logits:  # Reads the position before the block.
       return None
     net = self.network
     return CacheLayout(

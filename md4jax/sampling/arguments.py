@@ -1,8 +1,9 @@
-"""The block decoder's argument checks (`md4jax.sample`): the blocks and their context, the key and
-row offset, the cache strategy against the denoiser (and its inputs) it is asked to serve, and
-the prompt. Each raises ValueError (a
+"""The block decoder's argument checks (`md4jax.sample`): the blocks and their context, the block
+offset, the key and row offset, the cache strategy against the denoiser (and its inputs) it is
+asked to serve, and the prompt. Each raises ValueError (a
 shape: chex's AssertionError) naming the argument; the sampler settings are
-`samplers.check_settings`'."""
+`samplers.check_settings`'. `check_filled` checks a sample's info after it (a traced prompt's
+positions before the block offset)."""
 
 import math
 import numbers
@@ -46,6 +47,56 @@ def check_blocks(
       f"sample: context_length must be a multiple of block_size {block_size}, got {context_length}."
     )
   return block_size, num_blocks, padded if context_length is None else min(context_length, padded)
+
+
+def check_block_offset(block_offset: int, cache: str, prompt):
+  """block_offset (already in [0, length): `check_blocks`) starts the blocks after a prompt at
+  least that wide, with cache none, prefix or dual."""
+  if not block_offset:
+    return
+  if cache == "exact":
+    raise ValueError(
+      f"sample: block_offset={block_offset} takes cache none, prefix or dual; the exact cache's "
+      "blocks are the network's own, from position 0 (got cache='exact')."
+    )
+  if prompt is None:
+    raise ValueError(
+      f"sample: block_offset={block_offset} starts the blocks after the prompt, and no prompt is "
+      f"given; give one at least {block_offset} wide."
+    )
+  width = np.shape(prompt)[-1]
+  if width < block_offset:
+    raise ValueError(
+      f"sample: block_offset={block_offset} starts the blocks after a prompt at least that wide; "
+      f"the prompt is {width} wide."
+    )
+
+
+def check_given_before_offset(prompt, prompt_mask, mask_id: int, block_offset: int):
+  """Every position before block_offset is given (checked when the prompt is concrete; a traced
+  one: `check_filled` of the sample's info)."""
+  if not block_offset:
+    return
+  shown = np.asarray(prompt)[..., :block_offset] != mask_id
+  if prompt_mask is not None:
+    shown &= np.asarray(prompt_mask, bool)[..., :block_offset]
+  if not shown.all():
+    raise ValueError(
+      f"sample: block_offset={block_offset}, but the prompt leaves positions before it masked, "
+      "which no block would sample."
+    )
+
+
+def check_filled(info: dict):
+  """Raises ValueError if a sample (its host info) left positions before block_offset masked:
+  they were not given, no block samples them, and they hold the mask id. `sample` checks a
+  concrete prompt before sampling; inside a caller's jit, call this on the info after it."""
+  unfilled = info.get("unfilled")
+  if unfilled is not None and np.sum(np.asarray(unfilled)) > 0:
+    raise ValueError(
+      f"sample: {int(np.sum(np.asarray(unfilled)))} positions before block_offset were neither "
+      "given by the prompt nor sampled by a block: they hold the mask id."
+    )
 
 
 def check_decoding(
@@ -169,7 +220,18 @@ def check_cache(cache: str, denoiser: Denoiser, block_size: int, plan_window: in
         "sample: a shifted denoiser reads the token before each window's first position; past "
         "the context, decode it with cache='exact'."
       )
+    if denoiser.shifts_logits and plan_window == block_size < padded:
+      raise ValueError(
+        f"sample: the network's shift_logits takes a block's first logits from the position "
+        f"before it, which a window of context_length = block_size = {block_size} leaves out; "
+        "give a context_length larger than block_size."
+      )
     return
+  if denoiser.shifts_logits:
+    raise ValueError(
+      f"sample: cache={cache!r} runs each block alone, but the network's shift_logits (Dream's "
+      "shift) takes a block's first logits from the position before it; use cache='none'."
+    )
   layout = denoiser.cache_layout
   if layout is None:
     raise ValueError(

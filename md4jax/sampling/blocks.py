@@ -230,6 +230,8 @@ def decode(plan: Plan, key, row_offset, denoiser, prompt, prompt_mask):
     trajectory = None
   tokens = tokens[:, : plan.length]
   info = {"nfe": nfe, "nonfinite_call": broken, "num_blocks": blocks, "cache_writes": writes}
+  if plan.offset:  # No block samples a position before the offset: one not given stays masked.
+    info["unfilled"] = jnp.sum(~given[:, : plan.offset], dtype=jnp.int32)
   if plan.eos_id is not None:  # Generated tokens after a row's first generated EOS are EOS.
     given = given[:, : plan.length]
     is_eos = (tokens == plan.eos_id) & ~given

@@ -45,7 +45,6 @@ import weakref
 from typing import Optional
 
 import jax
-import numpy as np
 
 from md4jax.diffusion.denoiser import Denoiser, as_denoiser
 from md4jax.sampling import arguments, blocks, samplers
@@ -188,20 +187,18 @@ def sample(
     calls, each at most `max_calls`, and prefix/dual's refreshes), info["cache_writes"] the
     exact cache's extra calls, info["cache_bytes"], info["num_blocks"] sampled, and
     info["nonfinite_call"] the index of the first call whose logits at a masked position were
-    broken (−1: none). Called with concrete arrays it raises NonFiniteLogitsError for those;
-    inside a caller's jit, check the info with `check_logits`.
+    broken (−1: none); with block_offset, info["unfilled"] the positions before it that the
+    prompt left masked (no block samples them: they hold the mask id). Called with concrete
+    arrays it raises NonFiniteLogitsError for broken logits and ValueError for unfilled
+    positions; inside a caller's jit, check the info with `samplers.check_logits` and
+    `arguments.check_filled`.
   """
   denoiser = as_denoiser(denoise_fn)
   block_size, num_blocks, window = arguments.check_blocks(
     length, block_size, context_length, block_offset
   )
   padded = block_offset + num_blocks * block_size
-  if block_offset and (cache == "exact" or prompt is None or np.shape(prompt)[-1] < block_offset):
-    raise ValueError(
-      f"sample: block_offset={block_offset} starts the blocks after a prompt at least that wide "
-      f"(given: {None if prompt is None else np.shape(prompt)[-1]}), with cache none, prefix or "
-      f"dual (the exact cache's blocks are the network's own, from position 0; got {cache!r})."
-    )
+  arguments.check_block_offset(block_offset, cache, prompt)
   arguments.check_key(key)
   row_offset = arguments.check_row_offset(row_offset)
   arguments.check_inputs(denoiser, cache, batch_size, length)
@@ -272,24 +269,18 @@ def sample(
     eos_id=eos_id,
     offset=int(block_offset),
   )
-  concrete = not any(
-    isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((key, prompt, prompt_mask))
-  )
-  if prompt is not None and concrete:
+  traced = lambda *xs: any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
+  if prompt is not None and not traced(key, prompt, prompt_mask):
     arguments.check_prompt(prompt, prompt_mask, mask_id)
-    if block_offset:  # Positions before the first block are never sampled: all must be given.
-      shown = np.asarray(prompt)[..., :block_offset] != mask_id
-      if prompt_mask is not None:
-        shown &= np.asarray(prompt_mask, bool)[..., :block_offset]
-      if not shown.all():
-        raise ValueError(
-          f"sample: block_offset={block_offset}, but the prompt leaves positions before it "
-          "masked, which no block would sample."
-        )
+  if prompt is not None and not traced(prompt, prompt_mask):
+    # Positions before the first block are never sampled: all must be given. A traced prompt's
+    # are counted in info["unfilled"] instead.
+    arguments.check_given_before_offset(prompt, prompt_mask, mask_id, block_offset)
   tokens, info = _program(plan, denoise_fn)(key, row_offset, denoiser, prompt, prompt_mask)
   info["cache_bytes"] = _cache_bytes(plan, denoiser)
   if not isinstance(info["nfe"], jax.core.Tracer):
     samplers.check_logits(info, method)
+    arguments.check_filled(info)
   return tokens, info
 
 
