@@ -56,7 +56,7 @@ from md4jax.data import sources
 from md4jax.diffusion import denoiser as denoiser_lib
 from md4jax.evaluation import evaluate
 from md4jax.runtime import sharding
-from md4jax.sampling import decoder
+from md4jax.sampling import blocks, decoder
 from md4jax.training import objective, train
 from md4jax.training import state as state_lib
 
@@ -231,9 +231,7 @@ def fast_dllm_calls(config, model, mesh) -> dict:
   def block_call(params, key, k, v):
     denoiser = objective.sampling_denoiser(model, params, config)
     tokens = jax.random.randint(key, (rows, block), 0, config.data.vocab_size)
-    columns = jnp.arange(length)
-    inside = (columns >= start) & (columns < start + block)
-    valid = columns < start if config.sample.cache == "prefix" else ~inside
+    valid = blocks.readable_columns(config.sample.cache, length, start, block)
     positions = jnp.broadcast_to(start + jnp.arange(block), (rows, block))
     with sharding.activation_rules(mesh):
       logits, _ = denoiser.block_call(tokens, clean, positions, {"k": k, "v": v, "valid": valid})

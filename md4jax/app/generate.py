@@ -159,10 +159,16 @@ def sampler_kwargs(config: ml_collections.ConfigDict, params, temperature=None) 
     top_p=run["top_p"],
     **{
       k: run[k]
-      for k in ("remask", "remask_eta", "remask_loop", "remask_loop_alpha", "confidence")
+      for k in (
+        "remask",
+        "remask_eta",
+        "remask_loop",
+        "remask_loop_alpha",
+        "confidence",
+        "reveal_counts",
+      )
       if k in run
     },
-    **({"reveal_counts": run["reveal_counts"]} if "reveal_counts" in run else {}),
   )
 
 

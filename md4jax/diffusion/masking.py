@@ -36,11 +36,11 @@ def is_per_row(key: Array) -> bool:
   return key.ndim == (1 if typed else 2)
 
 
-def uniform(key: Array, shape: tuple) -> Array:
-  """U[0, 1) of `shape` [B, ...]; per-row keys draw each row from its own key."""
+def uniform(key: Array, shape: tuple, minval: float = 0.0) -> Array:
+  """U[minval, 1) of `shape` [B, ...]; per-row keys draw each row from its own key."""
   if is_per_row(key):
-    return jax.vmap(lambda k: jax.random.uniform(k, shape[1:]))(key)
-  return jax.random.uniform(key, shape)
+    return jax.vmap(lambda k: jax.random.uniform(k, shape[1:], minval=minval))(key)
+  return jax.random.uniform(key, shape, minval=minval)
 
 
 def split_keys(key: Array, num: int) -> tuple:

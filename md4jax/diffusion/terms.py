@@ -176,18 +176,16 @@ def mask_count_term(
   n_editable = editable.sum(-1)
   if masked is not None:
     masked = masked & editable
-    z = jnp.where(masked, mask_id, x).astype(x.dtype)
-    ce = masked_cross_entropy(denoise_fn(z, time_arg(1.0 - u)), x, z, mask_id=mask_id)
-    num_masked = jnp.maximum(masked.sum(-1), 1)
-    return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)
-  num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
-  scores = jnp.where(editable, masking.uniform(key, x.shape), 2.0)  # Non-editable sort last.
-  order = jnp.argsort(scores, axis=-1)
-  # Ranks, not a threshold: float32 uniforms tie often enough at long L to mask k + 1.
-  masked = editable & (jnp.argsort(order, axis=-1) < num_masked[:, None])
-  sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
-  kth_smallest = jnp.take_along_axis(sorted_scores, num_masked[:, None] - 1, axis=-1)
+    num_masked, alpha = jnp.maximum(masked.sum(-1), 1), 1.0 - u
+  else:
+    num_masked = jnp.clip(jnp.ceil(u * n_editable), 1, None).astype(jnp.int32)
+    scores = jnp.where(editable, masking.uniform(key, x.shape), 2.0)  # Non-editable sort last.
+    order = jnp.argsort(scores, axis=-1)
+    # Ranks, not a threshold: float32 uniforms tie often enough at long L to mask k + 1.
+    masked = editable & (jnp.argsort(order, axis=-1) < num_masked[:, None])
+    sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
+    kth_smallest = jnp.take_along_axis(sorted_scores, num_masked[:, None] - 1, axis=-1)
+    alpha = 1.0 - jnp.minimum(kth_smallest[:, 0], 1.0)  # Sequences with nothing editable: α = 0.
   z = jnp.where(masked, mask_id, x).astype(x.dtype)
-  alpha = 1.0 - jnp.minimum(kth_smallest[:, 0], 1.0)  # Sequences with nothing editable: α = 0.
   ce = masked_cross_entropy(denoise_fn(z, time_arg(alpha)), x, z, mask_id=mask_id)
   return jnp.where(n_editable > 0, n_editable / num_masked * ce.sum(-1), 0.0)

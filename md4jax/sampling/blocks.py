@@ -8,6 +8,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from md4jax.diffusion import masking
 from md4jax.diffusion.denoiser import Denoiser
 from md4jax.sampling import samplers, steps
 
@@ -162,9 +163,7 @@ def _block(plan: Plan, keys, denoiser, tokens, given, cache, block):
     if plan.guidance:
       full, alpha = samplers.with_prompt_masked(full, alpha, given, mask_id)
     _, kv = denoiser.block_call(full, alpha, everywhere, layout.empty(plan.rows, 0))
-    columns = jnp.arange(plan.padded)
-    inside = (columns >= start) & (columns < start + b)
-    valid = columns < start if plan.cache == "prefix" else ~inside
+    valid = readable_columns(plan.cache, plan.padded, start, b)
     call = _cached_call(plan, denoiser, tokens, start, {**kv, "valid": valid}, block_given)
     block_denoiser = lambda z, alpha: _mixed(plan, call(z, alpha)[0])
     extra_calls = 1
@@ -193,9 +192,18 @@ def _ended(plan: Plan, tokens, given, end):
   return ((tokens == plan.eos_id) & ~given & (columns < end)).any(-1)
 
 
+def readable_columns(cache: str, length: int, start, block: int) -> jax.Array:
+  """[length] bool: the cached columns a block's call at `start` reads, those before the block
+  ("prefix") or every one outside it ("dual")."""
+  columns = jnp.arange(length)
+  if cache == "prefix":
+    return columns < start
+  return (columns < start) | (columns >= start + block)
+
+
 def decode(plan: Plan, key, row_offset, denoiser, prompt, prompt_mask):
   rows = row_offset + jnp.arange(plan.batch_size, dtype=jnp.int32)
-  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, rows)  # Row r's key: fold_in(key, r).
+  keys = masking.row_keys(key, plan.batch_size, rows)  # Row r's key: fold_in(key, r).
   if denoiser.inputs is not None:
     denoiser = dataclasses.replace(denoiser, inputs=_padded_inputs(plan, denoiser.inputs))
   tokens, given = _initial(plan, prompt, prompt_mask)

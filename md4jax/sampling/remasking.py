@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 
+from md4jax.diffusion import masking
 from md4jax.sampling import steps
 
 REMASKS = ("cap", "rescale", "confidence")  # ReMDM's σ_t strategies.
@@ -67,7 +68,7 @@ def sample_remdm(
     step = jnp.where(in_loop, loop_after - 1, step)  # Held at α(t_{k*−1}).
     # Per-row keys [B]; a loop step's keys lie past the grid's, so they never repeat one.
     step_key = steps.fold_in(key, jnp.where(in_loop, num_steps + 1 + i, step))
-    reveal_key, draw_key = steps.split(step_key, 2)
+    reveal_key, draw_key = masking.split_keys(step_key, 2)
     mask_t = mask_grid[step]
     mask_s = jnp.where(in_loop, mask_t, mask_grid[step - 1])
     alpha_t = 1.0 - mask_t
@@ -85,8 +86,8 @@ def sample_remdm(
     reveal_prob = jnp.where(
       (step == 1) & ~in_loop, 1.0, base + masked_sigma * alpha_t / jnp.maximum(mask_t, 1e-30)
     )
-    reveal = masked & (steps.uniform(reveal_key, z.shape) < reveal_prob)
-    remask = visible & (steps.uniform(steps.fold_in(step_key, 2), z.shape) < sigma)
+    reveal = masked & (masking.uniform(reveal_key, z.shape) < reveal_prob)
+    remask = visible & (masking.uniform(steps.fold_in(step_key, 2), z.shape) < sigma)
     alpha = steps.alphas(schedule, grid[step], batch_size)
     logits = denoise_fn(z, alpha).astype(jnp.float32)
     first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))

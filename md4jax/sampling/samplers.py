@@ -72,7 +72,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from md4jax.diffusion import bounds
+from md4jax.diffusion import bounds, masking
 from md4jax.sampling import categorical, remasking, steps, unmasking
 
 # The samplers' names and helpers, re-exported: callers (and md4jax's front door) know them as
@@ -213,7 +213,7 @@ def run(settings: Settings, key, denoise_fn, z):
   """Samples the masked positions of z [B, L] (the others are given and never change): (tokens,
   calls, the first call whose logits were broken or −1, trajectory or None). `key` is one key
   (row b draws from fold_in(key, b)) or one key per row [B]."""
-  key = steps.row_keys(key, z.shape[0])
+  key = masking.row_keys(key, z.shape[0])
   denoise_fn = bounds.checked_denoiser(denoise_fn, settings.mask_id)
   trajectory = None
   if settings.record_trajectory:

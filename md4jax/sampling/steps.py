@@ -11,31 +11,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from md4jax.diffusion import masking
-
 Array = jax.Array
 
 TIME_GRIDS = ("uniform", "cosine")
 
 
-def row_keys(key, batch_size: int) -> Array:
-  """One key per row [B]: fold_in(key, b), or `key` itself if it already is one key per row."""
-  return masking.row_keys(key, batch_size)
-
-
 def fold_in(keys, data) -> Array:
   """fold_in(keys[b], data) for every row, [B]."""
   return jax.vmap(jax.random.fold_in, (0, None))(keys, data)
-
-
-def split(keys, num: int) -> tuple:
-  """`num` independent per-row key arrays [B] from one."""
-  return masking.split_keys(keys, num)
-
-
-def uniform(keys, shape, minval=0.0) -> Array:
-  """U[minval, 1) of `shape` [B, ...], row b from keys[b] alone."""
-  return jax.vmap(lambda key: jax.random.uniform(key, shape[1:], minval=minval))(keys)
 
 
 def time_grid(num_steps: int, kind: str = "uniform") -> Array:

@@ -3,7 +3,7 @@ process"). ancestral and cached step through a time grid, jump skips the grid's 
 reveal nothing, first_hitting draws each reveal's time exactly, and confidence and threshold
 reveal the positions the denoiser is surest of; `md4jax.sampling.samplers` describes each.
 
-Each takes one key per row [B] (`steps.row_keys`; row b draws from keys[b] alone), the denoiser,
+Each takes one key per row [B] (`masking.row_keys`; row b draws from keys[b] alone), the denoiser,
 the initial tokens z [B, L] and the trajectory (or None), and returns (tokens, calls, first broken
 call or −1, trajectory).
 """
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from md4jax.diffusion import masking
 from md4jax.sampling import categorical, steps
 
 # How confidence ranks a masked position: by its law after temperature / top-k / top-p (the top
@@ -35,9 +36,9 @@ def sample_ancestral(
   def body(i, carry):
     z, logits, cache_valid, nfe, first_bad, trajectory = carry
     step = num_steps - i  # From T down to 1.
-    reveal_key, draw_key = steps.split(steps.fold_in(key, step), 2)
+    reveal_key, draw_key = masking.split_keys(steps.fold_in(key, step), 2)
     reveal = (z == mask_id) & (
-      steps.uniform(reveal_key, z.shape) < steps.reveal_probability(schedule, grid, step)
+      masking.uniform(reveal_key, z.shape) < steps.reveal_probability(schedule, grid, step)
     )
     any_reveal = reveal.any()
     need_call = ~cache_valid & any_reveal if cached else jnp.bool_(True)
@@ -99,16 +100,16 @@ def _reveal_at_least_one(key, masked, reveal_prob):
   """Each masked position revealed with prob r, conditioned on at least one, [B, L] bool. Exact:
   in a uniformly random order, the first revealed one is at K ~ Geometric(r) truncated to 1..n
   (drawn by inverse CDF, in logs), and every later one is revealed with prob r on its own."""
-  order_key, first_key, rest_key = steps.split(key, 3)
+  order_key, first_key, rest_key = masking.split_keys(key, 3)
   n = masked.sum(-1)
-  scores = jnp.where(masked, steps.uniform(order_key, masked.shape), -1.0)
+  scores = jnp.where(masked, masking.uniform(order_key, masked.shape), -1.0)
   rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)  # 0..n−1 over the masked positions.
   log_keep = jnp.log1p(-jnp.minimum(reveal_prob, 1.0))[:, None]  # log(1 − r); −inf when r = 1.
-  u = steps.uniform(first_key, n.shape)[:, None]
+  u = masking.uniform(first_key, n.shape)[:, None]
   all_kept = -jnp.expm1(n[:, None] * log_keep)  # 1 − (1 − r)^n
   first = jnp.ceil(jnp.log1p(-u * all_kept) / log_keep) - 1  # 0-based rank of the first reveal.
   first = jnp.clip(jnp.nan_to_num(first, nan=0.0), 0, jnp.maximum(n[:, None] - 1, 0))
-  later = steps.uniform(rest_key, masked.shape) < reveal_prob[:, None]
+  later = masking.uniform(rest_key, masked.shape) < reveal_prob[:, None]
   return masked & ((rank == first) | ((rank > first) & later))
 
 
@@ -123,10 +124,10 @@ def sample_jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
 
   def body(carry):
     z, step, nfe, first_bad, trajectory = carry  # step [B]: the next grid step each row processes.
-    hit_key, reveal_key, draw_key = steps.split(steps.fold_in(key, nfe), 3)
+    hit_key, reveal_key, draw_key = masking.split_keys(steps.fold_in(key, nfe), 3)
     masked = z == mask_id
     n = masked.sum(-1)
-    u = steps.uniform(hit_key, (batch_size,), minval=1e-12)
+    u = masking.uniform(hit_key, (batch_size,), minval=1e-12)
     # Steps step..k reveal nothing with prob (λ(t_{k−1}) / λ(t_step))^n: the event step j has
     # λ(t_{j−1}) < λ(t_step) u^(1/n) ≤ λ(t_j) (the last step, j = 1, reveals all that is left).
     target = mask_grid[step] * u ** (1.0 / jnp.maximum(n, 1))
@@ -183,10 +184,10 @@ def sample_first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
 
   def body(carry):
     z, mask_rate, nfe, first_bad, trajectory = carry
-    time_key, position_key, draw_key = steps.split(steps.fold_in(key, nfe), 3)
+    time_key, position_key, draw_key = masking.split_keys(steps.fold_in(key, nfe), 3)
     masked = z == mask_id
     num_masked = masked.sum(-1)
-    u = steps.uniform(time_key, (batch_size,), minval=1e-12)  # Avoid λ = 0 exactly.
+    u = masking.uniform(time_key, (batch_size,), minval=1e-12)  # Avoid λ = 0 exactly.
     mask_rate = jnp.where(
       num_masked > 0, mask_rate * u ** (1.0 / jnp.maximum(num_masked, 1)), mask_rate
     )
@@ -194,7 +195,7 @@ def sample_first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
     alpha = 1.0 - mask_rate
     logits = denoise_fn(z, alpha).astype(jnp.float32)
     first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
-    scores = jnp.where(masked, steps.uniform(position_key, z.shape), -1.0)
+    scores = jnp.where(masked, masking.uniform(position_key, z.shape), -1.0)
     position = jax.nn.one_hot(jnp.argmax(scores, -1), length, dtype=jnp.bool_) & masked
     z = jnp.where(position, draw(draw_key, logits), z)
     return z, mask_rate, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
