@@ -35,6 +35,10 @@ block of sample.block_length tokens reading the keys and values of the seq_len
 cached positions) and "sampler_refresh" (the call on the whole sequence that
 writes them, once per block). --count_flops=false skips the train step's
 loop-free FLOP count (two more compiles).
+
+--programs=post_train compiles a post-training step (`md4jax.app.post_train`: batch_size
+prompts × post_train.group_size rollouts of sample.num_steps calls, the log π estimates and
+the updates, one program) and reports its bytes and model FLOPs (`costs.post_train_flops`).
 """
 
 import json
@@ -51,14 +55,18 @@ from ml_collections import config_flags
 
 from md4jax import config as config_lib
 from md4jax import user_errors
-from md4jax.app import costs
+from md4jax.app import costs, post_train
 from md4jax.data import sources
 from md4jax.diffusion import denoiser as denoiser_lib
 from md4jax.evaluation import evaluate
+from md4jax.posttraining import rewards
 from md4jax.runtime import sharding
 from md4jax.sampling import blocks, decoder
 from md4jax.training import objective, train
 from md4jax.training import state as state_lib
+
+PROGRAMS = ("train", "eval", "sampler", "post_train")
+DEFAULT_PROGRAMS = PROGRAMS[:3]  # post_train on request: a step of rollouts compiles for minutes.
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file (configs/*.py).", lock_config=True
@@ -68,8 +76,9 @@ _TOPOLOGY = flags.DEFINE_string(
 )
 _PROGRAMS = flags.DEFINE_list(
   "programs",
-  "train,eval,sampler",
-  "The programs to compile, any of train, eval, sampler (the sampler's follows sample.cache).",
+  ",".join(DEFAULT_PROGRAMS),
+  "The programs to compile, any of train, eval, sampler (the sampler's follows sample.cache) "
+  "and post_train (a GRPO step: rollouts and update, md4jax.app.post_train).",
 )
 _COUNT_FLOPS = flags.DEFINE_bool(
   "count_flops",
@@ -77,8 +86,6 @@ _COUNT_FLOPS = flags.DEFINE_bool(
   "Count the train step's FLOPs on loop-free compiles (flops_ratio; two more compiles).",
 )
 flags.mark_flags_as_required(["config"])
-
-PROGRAMS = ("train", "eval", "sampler")
 
 
 def _abstract_batch(config, rows: int, mesh, training: bool) -> dict:
@@ -262,7 +269,7 @@ def _program_report(compile_fn, num_devices: int, hbm_bytes: int) -> tuple:
   return compiled, {"fits": summary["bytes_per_chip"] <= hbm_bytes, **summary}
 
 
-def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) -> dict:
+def analyze(config, topology: str, programs=DEFAULT_PROGRAMS, count_flops: bool = True) -> dict:
   """The AOT report of `config` on TPU slice `topology` (see the module docstring): the
   `programs` named (of PROGRAMS), the train step's FLOPs counted when count_flops."""
   unknown = sorted(set(programs) - set(PROGRAMS))
@@ -370,10 +377,36 @@ def analyze(config, topology: str, programs=PROGRAMS, count_flops: bool = True) 
         "model_flops": flops,
         "step_seconds_at_mfu": at_mfu(flops),
       }
+  if "post_train" in programs:
+    report["post_train_step"] = _post_train_report(config, model, optimizer, abstract, mesh, hbm)
+    report["post_train_step"]["step_seconds_at_mfu"] = at_mfu(
+      report["post_train_step"]["model_flops"]
+    )
   if "train" not in programs:
-    compiled = ("eval_step", "sampler_step", "sampler_refresh")
+    compiled = ("eval_step", "sampler_step", "sampler_refresh", "post_train_step")
     report["fits"] = all(report[name]["fits"] for name in compiled if name in report)
   return {"fits": report.pop("fits"), **report}
+
+
+def _post_train_report(config, model, optimizer, abstract, mesh, hbm) -> dict:
+  """The post-training step (batch_size prompts × group_size rollouts of sample.num_steps calls,
+  then the estimates and updates) compiled as the run compiles it, with exact_match as the
+  reward (in the program, no table: its cost is nothing beside the calls')."""
+  step = post_train.programs(config, model, optimizer, abstract, mesh, rewards.ExactMatch())
+  prompts = _abstract_batch(config, config.batch_size, mesh, training=True)
+  _, summary = _program_report(
+    lambda: _compile(step, abstract, prompts, abstract.params), mesh.devices.size, hbm
+  )
+  cfg = config.post_train
+  return {
+    **summary,
+    "prompts": config.batch_size,
+    "rollouts": config.batch_size * cfg.group_size,
+    "sampler_calls": config.sample.num_steps,
+    "likelihood": f"{cfg.likelihood} x {cfg.likelihood_draws}",
+    "updates_per_rollout": cfg.updates_per_rollout,
+    "model_flops": costs.post_train_flops(config, model),
+  }
 
 
 def main(argv):

@@ -42,7 +42,7 @@ def base(tmp_path_factory):
 
 def _config(base, **overrides):
   config = config_lib.load_config("tiny")
-  config.batch_size = 64
+  config.batch_size = 8  # Prompts (groups of post_train.group_size = 8): 64 rollouts a step.
   config.num_train_steps = 4
   config.log_every_steps = 1
   config.checkpoint_every_steps = 2
@@ -60,6 +60,20 @@ def _config(base, **overrides):
     section, _, key = name.rpartition("__")
     (config[section] if section else config)[key] = value
   return config
+
+
+def test_lora_post_training_moves_only_the_adapters(base, tmp_path):
+  """model.lora_rank > 0: fresh adapters beside init_from's kernels, which stay bit for bit."""
+  from md4jax.model import lora  # pylint: disable=g-import-not-at-top
+
+  config = _config(base, num_train_steps=2, checkpoint_every_steps=2)
+  config.model.lora_rank = 4
+  post_train.post_train(config, tmp_path / "lora")
+  start, end = md4jax.load(base / "base"), md4jax.load(tmp_path / "lora")
+  jax.tree.map(np.testing.assert_array_equal, lora.without_adapters(end.params), start.params)
+  flat, _ = jax.tree_util.tree_flatten_with_path(lora.adapters(end.params))
+  b_factors = [np.asarray(v) for path, v in flat if lora.LORA_B in jax.tree_util.keystr(path)]
+  assert b_factors and any(np.abs(b).max() > 0 for b in b_factors)  # B starts at 0.
 
 
 def _samples(workdir, rows=2048):
@@ -177,7 +191,7 @@ def test_a_reward_that_raises_keeps_the_last_good_checkpoint(base, tmp_path):
     (dict(post_train__reward="bigram:/nonexistent.npy"), rewards_lib.RewardError, "no file"),
     (dict(post_train__reward="no_such_module:f"), rewards_lib.RewardError, "cannot import"),
     (dict(post_train__init_from=""), ValueError, "post_train.init_from is empty"),
-    (dict(batch_size=60), ValueError, "not a multiple of post_train.group_size=8"),
+    (dict(post_train__reward="exact_match"), ValueError, "needs data.dataset='conditional'"),
     (dict(post_train__beta=-0.5), ValueError, "post_train.beta must be a finite number >= 0"),
   ],
 )
@@ -211,3 +225,42 @@ def test_init_from_without_a_checkpoint_is_one_line_on_the_command_line(tmp_path
   assert result.returncode != 0
   lines = [line for line in result.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and "post_train.init_from" in lines[0], result.stderr[-2000:]
+
+
+def _sums(path, count, seed):
+  rng = np.random.default_rng(seed)
+  with open(path, "w") as f:
+    for a, b in rng.integers(0, 5, size=(count, 2)):
+      f.write(json.dumps({"prompt": f"{a}+{b}=", "response": str(a + b)}) + "\n")
+
+
+def test_exact_match_rolls_out_each_prompt_and_scores_its_answer(tmp_path):
+  """Conditional data: a char model SFT'd on sums, then post-trained with exact_match. The
+  rollouts keep each prompt and end at their EOS; rewards are 0 or 1 and the answers score 1."""
+  _sums(tmp_path / "sums.jsonl", 400, 0)
+  config = config_lib.load_config("tiny")
+  config.data.update(dataset="conditional", path=str(tmp_path / "sums.jsonl"), vocab_size=0)
+  config.data.update(tokenizer="char", seq_len=8)
+  config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 300
+  config.log_every_steps = 300
+  config.eval.discrete_steps, config.eval.profile_bins = "", 0
+  config.sample.num_samples = 0
+  modes.train_and_evaluate(config, tmp_path / "sft")
+  post = config.copy_and_resolve_references()
+  post.update(batch_size=8, num_train_steps=3, log_every_steps=1, checkpoint_every_steps=3)
+  post.optimizer.update(warmup_steps=1, ema_decay=0.0)
+  post.sample.update(method="confidence", num_steps=4, temperature=1.0)
+  post.post_train.update(init_from=str(tmp_path / "sft"), reward="exact_match", group_size=4)
+  record = post_train.post_train(post, tmp_path / "post")
+  assert 0.0 <= record["reward_mean"] <= 1.0 and np.isfinite(record["kl"])
+
+  reward = rewards_lib.parse("exact_match", 0)
+  reference = np.array([[1, 2, 3, 4, 9, 0, 0, 0]])  # Prompt 1 2, answer 3 4 and EOS 9, padding.
+  answer = np.array([[False, False, True, True, True, False, False, False]])
+  rollouts = {"reference": reference, "reference_editable": answer}
+  right = dict(rollouts, tokens=reference, generated=answer)
+  longer = dict(
+    rollouts, tokens=np.array([[1, 2, 3, 4, 5, 9, 9, 9]]), generated=answer | (np.arange(8) == 5)
+  )
+  wrong = dict(rollouts, tokens=np.array([[1, 2, 3, 5, 9, 9, 9, 9]]), generated=answer)
+  assert [float(reward(r)[0]) for r in (right, longer, wrong)] == [1.0, 0.0, 0.0]

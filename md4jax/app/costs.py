@@ -93,3 +93,18 @@ def call_tokens(config, model, program: str) -> int:
   if program == "sampler_step" and config.sample.cache in ("prefix", "dual"):
     return config.sample.block_length
   return config.data.seq_len
+
+
+def post_train_flops(config, model) -> float:
+  """A post-training step's model FLOPs (`md4jax.app.post_train`): the rollouts' sampler calls
+  (sample.num_steps of them over the rows), then the log π estimates (likelihood_draws calls
+  each, twice for coupled): the KL's pair (policy and reference) and the rollout-time one
+  forward only, and each of updates_per_rollout updates forward and backward (3×)."""
+  cfg = config.post_train
+  rows, length = config.batch_size * cfg.group_size, config.data.seq_len
+  call = rows * length * _forward_flops_per_token(config, length)
+  per_estimate = cfg.likelihood_draws * (2 if cfg.likelihood == "coupled" else 1)
+  if cfg.likelihood == "d1":
+    per_estimate = 1
+  estimates = (3 + 3 * cfg.updates_per_rollout) * per_estimate
+  return call * (config.sample.num_steps + estimates)

@@ -1,10 +1,11 @@
 """--mode=post_train: a policy post-trained with a reward from post_train.init_from's params.
 
-Each step draws batch_size rollouts with the sample.* sampler (groups of post_train.group_size),
-scores them with post_train.reward and updates the policy (`md4jax.posttraining.step`) against
-its frozen reference, the init_from params. A bigram reward runs inside the step's one jitted
-program (rollouts, rewards, estimates, updates); a Python reward between a rollout program and
-an update program. The step's key is a function of (config.seed, step), so a resumed run
+Each step reads batch_size prompts (the data's rows: conditional examples' prompts, or nothing
+fixed), draws post_train.group_size rollouts of each with the sample.* sampler, scores them
+with post_train.reward and updates the policy (`md4jax.posttraining.step`) against its frozen
+reference, the init_from params. A bigram or exact_match reward runs inside the
+step's one jitted program (rollouts, rewards, estimates, updates); a Python reward between a
+rollout program and an update program. The step's key is a function of (config.seed, step), so a resumed run
 continues exactly as the uninterrupted one. Checkpoints, metrics.jsonl, the progress line and
 training_curves.png are the trainer's.
 """
@@ -13,7 +14,6 @@ import math
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -21,6 +21,7 @@ from md4jax import config as config_lib
 from md4jax import rng
 from md4jax.app import generate, load, modes, plots
 from md4jax.posttraining import rewards as rewards_lib
+from md4jax.posttraining import rollouts as rollouts_lib
 from md4jax.posttraining import step as step_lib
 from md4jax.runtime import sharding
 from md4jax.sampling import decoder
@@ -35,14 +36,19 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError(
       "post_train.init_from is empty: name the workdir whose params start the policy."
     )
-  if config.batch_size % cfg.group_size:
-    raise ValueError(
-      f"batch_size={config.batch_size} is not a multiple of post_train.group_size="
-      f"{cfg.group_size}: the rollouts come in whole groups."
-    )
   if config.model.type != "mdm":
     raise ValueError(
       f"post_train needs a masked diffusion model, not model.type={config.model.type!r}."
+    )
+  if objective.is_learned(config):
+    raise ValueError(
+      f"post_train needs a fixed masking schedule, not diffusion.schedule="
+      f"{config.diffusion.schedule!r} (its exponents would train with the policy)."
+    )
+  if cfg.reward == "exact_match" and config.data.dataset != "conditional":
+    raise ValueError(
+      "post_train.reward='exact_match' compares rollouts with answers: it needs "
+      f"data.dataset='conditional' (prompt/answer JSONL), not {config.data.dataset!r}."
     )
 
 
@@ -61,63 +67,83 @@ def _reference_params(config, run: modes.Run):
   )
 
 
-def _programs(config, run: modes.Run, reward, reference):
-  """The step: (state) -> (state, metrics), one program for an in-program reward; else a rollout
-  program, the host's reward and an update program."""
-  length = config.data.seq_len
-  how = generate.decoding(config, run.model, length)
-  kwargs = dict(
-    generate.sampler_kwargs(config, reference), **how, batch_size=config.batch_size, length=length
-  )
+def programs(config, model, optimizer, abstract_state, mesh, reward, eos_id=None):
+  """The step: (state, prompts, reference) -> (state, metrics); reference: the frozen params, an
+  argument (closed over, they would be constants baked into the program). One program for an
+  in-program reward; else a rollout program, the host's reward and an update program. prompts:
+  a data batch of batch_size rows, each rolled out post_train.group_size times
+  (`posttraining.rollouts`); eos_id ends a rollout's generated span."""
+  length, group_size = config.data.seq_len, config.post_train.group_size
+  rows = config.batch_size * group_size
+  # Unprompted rows start their blocks at 0; a prompt of any width decodes as one block (or the
+  # model's own blocks): the offset of LLaDA's blocks is one per program.
+  how = generate.decoding(config, model, length)
+  kwargs = dict(generate.sampler_kwargs(config, None), **how, batch_size=rows, length=length)
   base_key = rng.stream(config.seed, "post_train")
-  editable = jnp.ones((config.batch_size, length), bool)  # Unconditional rollouts: every token.
-  state_shardings = state_lib.state_shardings(run.abstract_state)
-  replicated = sharding.replicated(run.mesh)
+  state_shardings = state_lib.state_shardings(abstract_state)
+  replicated = sharding.replicated(mesh)
 
-  def rollout(params, step):
-    key = jax.random.fold_in(base_key, step)
-    denoiser = objective.sampling_denoiser(run.model, params, config)
-    tokens, _ = decoder.sample(jax.random.fold_in(key, 0), denoiser, **kwargs)
-    return tokens
+  def rollout(params, step, prompts):
+    batch = rollouts_lib.grouped(prompts, group_size)
+    fixed = rollouts_lib.prompt_mask(batch)
+    denoiser = objective.sampling_denoiser(model, params, config)
+    key = jax.random.fold_in(jax.random.fold_in(base_key, step), 0)
+    with sharding.activation_rules(mesh):
+      tokens, info = decoder.sample(
+        key, denoiser, prompt=batch["tokens"], prompt_mask=fixed, eos_id=eos_id, **kwargs
+      )
+    span = rollouts_lib.generated_span(fixed, None if eos_id is None else info["lengths"])
+    return {
+      "tokens": tokens,
+      "generated": span,
+      "reference": batch["tokens"],
+      "reference_editable": batch["editable"],
+      "fixed": fixed,
+    }
 
-  def update(state, tokens, rewards):
+  def update(state, rollouts, rewards, reference):
     key = jax.random.fold_in(jax.random.fold_in(base_key, state.step), 1)
-    with sharding.activation_rules(run.mesh):
+    segment_ids, positions = rollouts_lib.scored_inputs(rollouts["fixed"], rollouts["generated"])
+    with sharding.activation_rules(mesh):
       return step_lib.update(
         state,
-        tokens,
+        rollouts["tokens"],
         rewards,
-        editable,
+        rollouts["generated"],
         key,
-        model=run.model,
-        optimizer=run.optimizer,
+        segment_ids,
+        positions,
+        model=model,
+        optimizer=optimizer,
         config=config,
         reference_params=reference,
       )
 
+  data, params = sharding.batch_sharding(mesh), state_shardings.params
   if reward.in_program:
 
-    def fused(state):
-      tokens = rollout(state.params, state.step)
-      return update(state, tokens, reward(tokens))
+    def fused(state, prompts, reference):
+      rollouts = rollout(state.params, state.step, prompts)
+      return update(state, rollouts, reward(rollouts), reference)
 
     return jax.jit(
       fused,
-      in_shardings=(state_shardings,),
+      in_shardings=(state_shardings, data, params),
       out_shardings=(state_shardings, replicated),
       donate_argnums=0,
     )
-  rollout_fn = jax.jit(rollout, out_shardings=replicated)
+  rollout_fn = jax.jit(rollout, in_shardings=(params, replicated, data), out_shardings=replicated)
   update_fn = jax.jit(
     update,
-    in_shardings=(state_shardings, replicated, replicated),
+    in_shardings=(state_shardings, replicated, replicated, params),
     out_shardings=(state_shardings, replicated),
     donate_argnums=0,
   )
 
-  def two_programs(state):
-    tokens = rollout_fn(state.params, state.step)
-    return update_fn(state, tokens, reward(np.asarray(sharding.to_host(tokens))))
+  def two_programs(state, prompts, reference):
+    rollouts = rollout_fn(state.params, state.step, prompts)
+    rewards = reward(sharding.to_host(rollouts))
+    return update_fn(state, rollouts, rewards, reference)
 
   return two_programs
 
@@ -147,14 +173,19 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
       )
     if run.is_writer:
       run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
-    step_fn = _programs(config, run, reward, _reference_params(config, run))
+    eos_id = run.source.tokenizer.eos_id if config.data.dataset == "conditional" else None
+    step_fn = programs(
+      config, run.model, run.optimizer, run.abstract_state, run.mesh, reward, eos_id
+    )
+    reference = _reference_params(config, run)
     start = int(sharding.to_host(run.state.step))
     line = progress.ProgressLine(config.num_train_steps, 0, config.checkpoint_every_steps)
     window, record, last_saved = list(run.loop_state["window"]), {}, run.restored_step
     started = time.perf_counter()
     with preemption.StopSignals() as stop:
       for step in range(start + 1, config.num_train_steps + 1):
-        run.state, metrics = step_fn(run.state)
+        prompts = sharding.device_batch(next(run.iterator), run.mesh)
+        run.state, metrics = step_fn(run.state, prompts, reference)
         metrics = {name: float(value) for name, value in sharding.to_host(metrics).items()}
         if not all(math.isfinite(v) for v in metrics.values()):
           kept = (
@@ -168,13 +199,13 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
         is_last = step == config.num_train_steps
         stopping = not is_last and stop.stop_after(step)
         if step % config.log_every_steps == 0 or is_last:
-          record = _record(window, config.batch_size)
+          record = _record(window, config.batch_size * config.post_train.group_size)
           writer.write_train(step, record)
           seconds = (time.perf_counter() - started) / len(window)
           line.update(
             step,
             record["reward_mean"],
-            config.batch_size * config.data.seq_len / seconds,
+            config.batch_size * config.post_train.group_size * config.data.seq_len / seconds,
             seconds,
             name="reward",
             extra=f" ± {record['reward_stderr']:.4f}  KL {record['kl']:.3f} (estimated)",

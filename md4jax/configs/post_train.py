@@ -16,7 +16,7 @@ from md4jax.configs import default
 
 def get_config():
   config = default.get_config()  # The network and data of the workdir it starts from.
-  config.batch_size = 64  # Rollouts per step: 8 groups of 8.
+  config.batch_size = 8  # Prompts (groups) per step: 8 × post_train.group_size = 64 rollouts.
   config.num_train_steps = 200  # Post-training steps (one batch of rollouts each).
   config.log_every_steps = 10  # Steps between metrics.jsonl records and progress lines.
   config.checkpoint_every_steps = 50  # Steps between checkpoints; the last step always saves.

@@ -1,9 +1,15 @@
 """Rewards of rollouts, from post_train.reward's spec.
 
-  "bigram:FILE.npy"   a [V, V] table R (NumPy .npy): a rollout x scores Σ_ℓ R[x_ℓ, x_ℓ+1]. A jax
-                      function, computed inside the step's one program.
+  "bigram:FILE.npy"   a [V, V] table R (NumPy .npy): a rollout x scores Σ_ℓ R[x_ℓ, x_ℓ+1] over
+                      the pairs whose second token it generated (every pair, unprompted).
+  "exact_match"       1 if the generated span, up to and including its first EOS, is the
+                      example's response and its EOS token for token, else 0 (conditional data).
   "module:function"   any importable Python callable, function(tokens [N, L] int32) -> N rewards,
                       called on the host between the rollouts' program and the update's.
+
+A reward reads the rollouts as a dict of [N, L] arrays: `tokens`, `generated` (the span each
+rollout generated), `reference` and `reference_editable` (its prompt's data row: the answer).
+bigram and exact_match are jax functions, computed inside the step's one program.
 
 Every failure is a RewardError (a ValueError) in one line naming the spec and the problem.
 """
@@ -30,9 +36,22 @@ class BigramReward:
     self.table = np.asarray(table, np.float32)
     self.spec = spec
 
-  def __call__(self, tokens: jax.Array) -> jax.Array:
-    table = jnp.asarray(self.table)
-    return table[tokens[:, :-1], tokens[:, 1:]].sum(-1)
+  def __call__(self, rollouts: dict) -> jax.Array:
+    tokens = rollouts["tokens"]
+    pairs = jnp.asarray(self.table)[tokens[:, :-1], tokens[:, 1:]]
+    return jnp.where(rollouts["generated"][:, 1:], pairs, 0.0).sum(-1)
+
+
+class ExactMatch:
+  """1.0 where the generated span is the reference answer (its editable tokens), else 0.0."""
+
+  in_program = True
+  spec = "exact_match"
+
+  def __call__(self, rollouts: dict) -> jax.Array:
+    generated, answer = rollouts["generated"], rollouts["reference_editable"].astype(bool)
+    same_tokens = (rollouts["tokens"] == rollouts["reference"]) | ~answer
+    return ((generated == answer).all(-1) & same_tokens.all(-1)).astype(jnp.float32)
 
 
 class CallableReward:
@@ -44,8 +63,8 @@ class CallableReward:
     self.function = function
     self.spec = spec
 
-  def __call__(self, tokens: np.ndarray) -> np.ndarray:
-    tokens = np.asarray(tokens, np.int32)
+  def __call__(self, rollouts: dict) -> np.ndarray:
+    tokens = np.asarray(rollouts["tokens"], np.int32)
     try:
       values = self.function(tokens)
     except Exception as e:  # pylint: disable=broad-except  (any failure of the user's code)
@@ -75,7 +94,11 @@ def parse(spec: str, vocab_size: int):
   """The reward of post_train.reward's spec (the module docstring); RewardError if unusable."""
   where = f"post_train.reward={spec!r}"
   if not spec:
-    raise RewardError("post_train.reward is empty: give bigram:FILE.npy or module:function.")
+    raise RewardError(
+      "post_train.reward is empty: give bigram:FILE.npy, exact_match or module:function."
+    )
+  if spec == "exact_match":
+    return ExactMatch()
   kind, _, rest = spec.partition(":")
   if kind == "bigram":
     path = pathlib.Path(rest)
@@ -93,7 +116,7 @@ def parse(spec: str, vocab_size: int):
       raise RewardError(f"{where}: the table holds a NaN, an infinity or no numbers.")
     return BigramReward(table, spec)
   if not rest or not kind:
-    raise RewardError(f"{where}: expected bigram:FILE.npy or module:function.")
+    raise RewardError(f"{where}: expected bigram:FILE.npy, exact_match or module:function.")
   try:
     module = importlib.import_module(kind)
   except ImportError as e:

@@ -22,12 +22,23 @@ from md4jax.training import objective, train
 from md4jax.training import state as state_lib
 
 
-def log_prob(params, key, tokens, editable, *, model, config: ml_collections.ConfigDict):
-  """post_train.likelihood's estimate of log π(tokens at editable | the rest) [N] under params."""
+def log_prob(
+  params,
+  key,
+  tokens,
+  editable,
+  segment_ids=None,
+  positions=None,
+  *,
+  model,
+  config: ml_collections.ConfigDict,
+):
+  """post_train.likelihood's estimate of log π(tokens at editable | the rest) [N] under params;
+  segment_ids and positions [N, L] (or None): the rows' padding, never attended to."""
   cfg = config.post_train
   return log_likelihood.log_likelihood(
     key,
-    objective.sampling_denoiser(model, params, config),
+    objective.sampling_denoiser(model, params, config, segment_ids, positions),
     tokens,
     mask_id=config.data.vocab_size,
     editable=editable,
@@ -43,6 +54,8 @@ def update(
   rewards: jax.Array,
   editable: jax.Array,
   key: jax.Array,
+  segment_ids=None,
+  positions=None,
   *,
   model,
   optimizer: optax.GradientTransformation,
@@ -50,11 +63,13 @@ def update(
   reference_params,
 ) -> tuple[state_lib.TrainState, dict]:
   """The module docstring's update of state on rollouts tokens [N, L] (editable [N, L]: the
-  positions the policy generated) with rewards [N]. Pure."""
+  positions the policy generated; segment_ids, positions: their padding) with rewards [N]."""
   cfg = config.post_train
 
   def estimate(params, draw_key):
-    return log_prob(params, draw_key, tokens, editable, model=model, config=config)
+    return log_prob(
+      params, draw_key, tokens, editable, segment_ids, positions, model=model, config=config
+    )
 
   shaping_key, draw_key = jax.random.split(key)
   log_policy = estimate(state.params, shaping_key)
