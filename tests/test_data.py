@@ -62,6 +62,7 @@ def test_rng_streams_keep_their_numbers():
     "judged_samples": 5,
     "frontier": 6,
     "lm_eval": 7,
+    "post_train": 8,
   }
   for name, number in rng.STREAMS.items():
     expected = jax.random.fold_in(jax.random.PRNGKey(11), number)
