@@ -17,6 +17,7 @@ import md4jax
 from md4jax import config as config_lib
 from md4jax.app import modes, post_train
 from md4jax.diffusion import optimum
+from md4jax.posttraining import preferences
 from md4jax.posttraining import rewards as rewards_lib
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
@@ -264,3 +265,60 @@ def test_exact_match_rolls_out_each_prompt_and_scores_its_answer(tmp_path):
   )
   wrong = dict(rollouts, tokens=np.array([[1, 2, 3, 5, 9, 9, 9, 9]]), generated=answer)
   assert [float(reward(r)[0]) for r in (right, longer, wrong)] == [1.0, 0.0, 0.0]
+
+
+def _pairs(base, path, count=64, length=LENGTH):
+  """Pairs of the language's own sequences: the one of higher bigram reward chosen."""
+  reward = np.load(base / "reward.npy")
+  language = md4jax.load(base / "base").language
+  x = np.asarray(language.sample(jax.random.PRNGKey(3), 2 * count, length)).reshape(count, 2, -1)
+  scores = reward[x[..., :-1], x[..., 1:]].sum(-1)
+  with open(path, "w") as f:
+    for pair, score in zip(x, scores):
+      better, worse = pair[np.argmax(score)], pair[np.argmin(score)]
+      text = lambda ids: " ".join(map(str, ids))
+      f.write(json.dumps({"prompt": "", "chosen": text(better), "rejected": text(worse)}) + "\n")
+
+
+def test_vrpo_learns_the_preferences_from_a_margin_of_exactly_zero(base, tmp_path):
+  """DPO with VRPO's shared draws: at step 1 the policy is the reference and, scored with the
+  same times and masks, every margin is exactly 0 (loss log 2); the updates then raise it."""
+  _pairs(base, tmp_path / "pairs.jsonl")
+  config = _config(
+    base,
+    num_train_steps=30,
+    log_every_steps=1,
+    checkpoint_every_steps=30,
+    post_train__algorithm="vrpo",
+    post_train__pairs=str(tmp_path / "pairs.jsonl"),
+    post_train__reward="",
+    post_train__beta=0.5,
+  )
+  post_train.post_train(config, tmp_path / "vrpo")
+  records = [json.loads(line) for line in (tmp_path / "vrpo" / "metrics.jsonl").open()]
+  assert records[0]["margin"] == 0.0 and records[0]["loss"] == pytest.approx(np.log(2.0))
+  late = records[-10:]
+  assert np.mean([r["loss"] for r in late]) < np.log(2.0) - 0.05
+  assert np.mean([r["preference_accuracy"] for r in late]) > 0.6
+
+
+@pytest.mark.parametrize(
+  "line, message",
+  [
+    ('{"prompt": "", "chosen": "1 2"}', "missing rejected"),
+    ("not json", "not JSON"),
+    ('{"prompt": "", "chosen": "1 2", "rejected": 3}', "must be strings"),
+  ],
+)
+def test_a_bad_pairs_file_is_one_line_naming_its_line(base, tmp_path, line, message):
+  (tmp_path / "pairs.jsonl").write_text('{"prompt": "", "chosen": "1", "rejected": "2"}\n' + line)
+  config = _config(
+    base,
+    post_train__algorithm="vrpo",
+    post_train__pairs=str(tmp_path / "pairs.jsonl"),
+    post_train__reward="",
+  )
+  with pytest.raises(preferences.PairsError) as raised:
+    post_train.post_train(config, tmp_path / "bad")
+  assert "pairs.jsonl:2: " in str(raised.value) and message in str(raised.value)
+  assert "\n" not in str(raised.value)

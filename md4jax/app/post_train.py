@@ -20,6 +20,7 @@ import numpy as np
 from md4jax import config as config_lib
 from md4jax import rng
 from md4jax.app import generate, load, modes, plots
+from md4jax.posttraining import preferences
 from md4jax.posttraining import rewards as rewards_lib
 from md4jax.posttraining import rollouts as rollouts_lib
 from md4jax.posttraining import step as step_lib
@@ -44,6 +45,16 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError(
       f"post_train needs a fixed masking schedule, not diffusion.schedule="
       f"{config.diffusion.schedule!r} (its exponents would train with the policy)."
+    )
+  if (cfg.algorithm == "vrpo") != bool(cfg.pairs):
+    raise ValueError(
+      "post_train.pairs (a JSONL file of prompt/chosen/rejected) goes with "
+      f"post_train.algorithm='vrpo' and only with it; got algorithm={cfg.algorithm!r}, "
+      f"pairs={cfg.pairs!r}."
+    )
+  if cfg.algorithm == "vrpo" and not cfg.beta > 0:
+    raise ValueError(
+      f"post_train.algorithm='vrpo' needs post_train.beta > 0 (DPO's β), got {cfg.beta}."
     )
   if cfg.reward == "exact_match" and config.data.dataset != "conditional":
     raise ValueError(
@@ -148,13 +159,80 @@ def programs(config, model, optimizer, abstract_state, mesh, reward, eos_id=None
   return two_programs
 
 
+def preference_program(config, model, optimizer, abstract_state, mesh):
+  """The DPO / VRPO step: (state, chosen rows, rejected rows, reference) -> (state, metrics)."""
+  base_key = rng.stream(config.seed, "post_train")
+  state_shardings = state_lib.state_shardings(abstract_state)
+  data = sharding.batch_sharding(mesh)
+
+  def step(state, chosen, rejected, reference):
+    key = jax.random.fold_in(base_key, state.step)
+    with sharding.activation_rules(mesh):
+      return step_lib.preference_update(
+        state,
+        chosen,
+        rejected,
+        key,
+        model=model,
+        optimizer=optimizer,
+        config=config,
+        reference_params=reference,
+      )
+
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, data, data, state_shardings.params),
+    out_shardings=(state_shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
+
+
 def _record(window: list[dict], rows: int) -> dict:
   """The window's means; the reward's standard error over every rollout in it."""
   record = {name: float(np.mean([m[name] for m in window])) for name in window[0]}
-  variance = np.mean([m["reward_std"] ** 2 for m in window])
-  record["reward_stderr"] = float(math.sqrt(variance / (rows * len(window))))
+  if "reward_std" in record:
+    variance = np.mean([m["reward_std"] ** 2 for m in window])
+    record["reward_stderr"] = float(math.sqrt(variance / (rows * len(window))))
   record["learning_rate"] = window[-1]["learning_rate"]
   return record
+
+
+def _stepper(config, run: modes.Run, eos_id):
+  """(step number, reference params) -> (state, metrics) of the run's algorithm, reading its own
+  data; and the rows a step scores. Reads the pairs or the reward first: a bad one fails here."""
+  cfg = config.post_train
+  if cfg.algorithm == "vrpo":
+    pairs = preferences.read_pairs(cfg.pairs, run.source.encode, eos_id, config.data.seq_len)
+    program = preference_program(config, run.model, run.optimizer, run.abstract_state, run.mesh)
+
+    def preference_step(step, reference):
+      chosen, rejected = preferences.batch_at(pairs, step, config.batch_size, config.seed)
+      return program(
+        run.state,
+        sharding.device_batch(chosen, run.mesh),
+        sharding.device_batch(rejected, run.mesh),
+        reference,
+      )
+
+    return preference_step, 2 * config.batch_size
+  reward = rewards_lib.parse(cfg.reward, config.data.vocab_size)
+  program = programs(config, run.model, run.optimizer, run.abstract_state, run.mesh, reward, eos_id)
+
+  def rollout_step(step, reference):
+    del step  # The prompts come from the data iterator, restored with the checkpoint.
+    return program(run.state, sharding.device_batch(next(run.iterator), run.mesh), reference)
+
+  return rollout_step, config.batch_size * cfg.group_size
+
+
+def _progress(line, step, record, rows, seq_len, seconds):
+  if "reward_mean" in record:
+    figure, name = record["reward_mean"], "reward"
+    extra = f" ± {record['reward_stderr']:.4f}  KL {record['kl']:.3f} (estimated)"
+  else:
+    figure, name = record["loss"], "preference loss"
+    extra = f"  accuracy {record['preference_accuracy']:.3f}  margin {record['margin']:.3f}"
+  line.update(step, figure, rows * seq_len / seconds, seconds, name=name, extra=extra)
 
 
 def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
@@ -165,7 +243,9 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
     config, workdir, "post_train", restored=False, init_from_key="post_train.init_from"
   ) as (run, writer):
     config = run.config
-    reward = rewards_lib.parse(config.post_train.reward, config.data.vocab_size)
+    eos_id = run.source.tokenizer.eos_id if config.data.dataset == "conditional" else None
+    step_fn, rows = _stepper(config, run, eos_id)
+    reference = _reference_params(config, run)
     writer.drop_records_after(run.restored_step or 0)
     if run.restored_step is not None:
       print(
@@ -173,19 +253,13 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
       )
     if run.is_writer:
       run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
-    eos_id = run.source.tokenizer.eos_id if config.data.dataset == "conditional" else None
-    step_fn = programs(
-      config, run.model, run.optimizer, run.abstract_state, run.mesh, reward, eos_id
-    )
-    reference = _reference_params(config, run)
     start = int(sharding.to_host(run.state.step))
     line = progress.ProgressLine(config.num_train_steps, 0, config.checkpoint_every_steps)
     window, record, last_saved = list(run.loop_state["window"]), {}, run.restored_step
     started = time.perf_counter()
     with preemption.StopSignals() as stop:
       for step in range(start + 1, config.num_train_steps + 1):
-        prompts = sharding.device_batch(next(run.iterator), run.mesh)
-        run.state, metrics = step_fn(run.state, prompts, reference)
+        run.state, metrics = step_fn(step, reference)
         metrics = {name: float(value) for name, value in sharding.to_host(metrics).items()}
         if not all(math.isfinite(v) for v in metrics.values()):
           kept = (
@@ -199,17 +273,10 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
         is_last = step == config.num_train_steps
         stopping = not is_last and stop.stop_after(step)
         if step % config.log_every_steps == 0 or is_last:
-          record = _record(window, config.batch_size * config.post_train.group_size)
+          record = _record(window, rows)
           writer.write_train(step, record)
           seconds = (time.perf_counter() - started) / len(window)
-          line.update(
-            step,
-            record["reward_mean"],
-            config.batch_size * config.post_train.group_size * config.data.seq_len / seconds,
-            seconds,
-            name="reward",
-            extra=f" ± {record['reward_stderr']:.4f}  KL {record['kl']:.3f} (estimated)",
-          )
+          _progress(line, step, record, rows, config.data.seq_len, seconds)
           window, started = [], time.perf_counter()
         if step % config.checkpoint_every_steps == 0 or is_last or stopping:
           checkpoint.save(

@@ -204,7 +204,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.post_train = ml_collections.ConfigDict()
   config.post_train.init_from = ""  # The workdir whose newest EMA params start the policy and stay its frozen KL reference (required; the same network shapes).
   config.post_train.reward = ""  # "bigram:FILE.npy" (a [V, V] table R: a rollout scores Σ R[x_ℓ, x_ℓ+1] over the pairs ending in a generated token), "exact_match" (1 if the generated span is the conditional example's response and EOS, else 0) or "module:function" (a Python callable: token ids [N, L] int32 -> N finite rewards).
-  config.post_train.algorithm = "grpo"  # Advantages within each group: "grpo" ((r − mean) / (std + 1e-4)), "dr_grpo" (r − mean) or "rloo" (r − the others' mean).
+  config.post_train.pairs = ""  # algorithm "vrpo": a JSONL file of {"prompt", "chosen", "rejected"} (batch_size pairs a step); "" otherwise.
+  config.post_train.algorithm = "grpo"  # Advantages within each group: "grpo" ((r − mean) / (std + 1e-4)), "dr_grpo" (r − mean) or "rloo" (r − the others' mean); or "vrpo": DPO on post_train.pairs with VRPO's shared draws (β: DPO's).
   config.post_train.beta = 0.0  # β >= 0 of E[r] − β KL(π ‖ π_ref): the estimated log-ratio enters the reward (docs/post_training.md); 0 = no KL.
   config.post_train.group_size = 8  # Rollouts per prompt (>= 2), whose rewards are compared: a step reads batch_size prompts (data rows) and draws batch_size × group_size rollouts.
   config.post_train.updates_per_rollout = 1  # Optimizer steps on each batch of rollouts (GRPO's μ); past the first, the clipped ratio bounds each.

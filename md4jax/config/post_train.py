@@ -14,7 +14,7 @@ from md4jax.posttraining import objectives
 def validate_post_training(config: ml_collections.ConfigDict):
   """Raises ValueError naming the key for an invalid post_train setting."""
   cfg = config.post_train
-  check_choice(cfg.algorithm, "post_train.algorithm", objectives.ADVANTAGES)
+  check_choice(cfg.algorithm, "post_train.algorithm", objectives.ALGORITHMS)
   check_choice(cfg.likelihood, "post_train.likelihood", log_likelihood.ESTIMATORS)
   for name in ("group_size", "updates_per_rollout", "likelihood_draws"):
     check_positive_int(config, f"post_train.{name}")
@@ -34,5 +34,5 @@ def validate_post_training(config: ml_collections.ConfigDict):
     0.0 <= cfg.prompt_mask_prob < 1.0,
     f"post_train.prompt_mask_prob must be in [0, 1), got {cfg.prompt_mask_prob!r}.",
   )
-  for name in ("init_from", "reward"):
+  for name in ("init_from", "reward", "pairs"):
     check(isinstance(cfg[name], str), f"post_train.{name} must be a string, got {cfg[name]!r}.")

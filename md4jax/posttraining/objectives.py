@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+# post_train.algorithm: a policy-gradient one (its advantages), or DPO on pairs with VRPO's draws.
+ALGORITHMS = ADVANTAGES + ("vrpo",)
 # The std of a group of equal rewards is 0: GRPO divides by std + this (as d1 and TRL do).
 _STD_EPSILON = 1e-4
 

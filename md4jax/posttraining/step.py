@@ -111,3 +111,64 @@ def update(
     "learning_rate": state_lib.learning_rate_schedule(config)(state.step - 1),
   }
   return state, metrics
+
+
+def preference_update(
+  state: state_lib.TrainState,
+  chosen: dict,
+  rejected: dict,
+  key: jax.Array,
+  *,
+  model,
+  optimizer: optax.GradientTransformation,
+  config: ml_collections.ConfigDict,
+  reference_params,
+) -> tuple[state_lib.TrainState, dict]:
+  """DPO on a batch of pairs (rows of [prompt][response][EOS], `preferences`), with VRPO's
+  shared draws: the policy and the reference score each response with the same times and masks
+  (post_train.likelihood_draws of them), so the draws' noise mostly cancels in the margin."""
+  cfg = config.post_train
+  chosen_key, rejected_key = jax.random.split(key)
+
+  def estimate(params, draw_key, rows):
+    return log_prob(
+      params,
+      draw_key,
+      rows["tokens"],
+      rows["editable"],
+      rows["segment_ids"],
+      rows["positions"],
+      model=model,
+      config=config,
+    )
+
+  reference_chosen = estimate(reference_params, chosen_key, chosen)
+  reference_rejected = estimate(reference_params, rejected_key, rejected)
+  trainable, frozen = state_lib.split_trainable(state.params, config)
+
+  def loss(trainable):
+    params = state_lib.join_trainable(trainable, frozen)
+    policy_chosen = estimate(params, chosen_key, chosen)
+    policy_rejected = estimate(params, rejected_key, rejected)
+    margin = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected)
+    losses = objectives.preference_loss(
+      policy_chosen, policy_rejected, reference_chosen, reference_rejected, cfg.beta
+    )
+    return losses.mean(), margin
+
+  (value, margin), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
+  full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
+  updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
+  trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
+  params = state_lib.join_trainable(trained, frozen)
+  decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
+  ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema)
+  metrics = {
+    "loss": value,
+    "margin": margin.mean(),
+    "preference_accuracy": (margin > 0).mean(),
+    "grad_norm": optax.tree.norm(grads),
+    "learning_rate": state_lib.learning_rate_schedule(config)(state.step),
+  }
+  return new_state, metrics
