@@ -167,8 +167,8 @@ def test_a_tiny_preset_reports_both_sampler_caches_and_its_train_step(name):
 
 def test_a_post_training_step_compiles_with_its_rollouts_and_is_priced():
   """--programs=post_train: rollouts, estimates and update in one program, with its FLOPs: the
-  sampler's calls and the estimates' (nelbo × 2 draws: the KL's pair, the rollout-time one, and
-  2 updates forward and backward)."""
+  sampler's calls and the estimates' (nelbo × 2 draws: β > 0's KL pair, the rollout-time one
+  for 2 updates, and the 2 updates forward and backward)."""
   report = aot(
     "--config=configs/tiny.py",
     "--topology=v5e:2x2",
@@ -176,11 +176,12 @@ def test_a_post_training_step_compiles_with_its_rollouts_and_is_priced():
     "--config.post_train.group_size=4",
     "--config.post_train.likelihood_draws=2",
     "--config.post_train.updates_per_rollout=2",
+    "--config.post_train.beta=0.1",
   )
   step = report["post_train_step"]
   assert report["fits"] is True and step["fits"] is True and step["bytes_per_chip"] > 0
   assert step["prompts"] == 16 and step["rollouts"] == 64 and step["sampler_calls"] == 8
-  per_call = step["model_flops"] / (8 + (3 + 3 * 2) * 2)
+  per_call = step["model_flops"] / (8 + (2 + 1 + 3 * 2) * 2)
   assert per_call == pytest.approx(report["model_flops_per_step"] / 3 * 64 / 16)
   assert step["step_seconds_at_mfu"]["50%"] == pytest.approx(
     2 * step["step_seconds_at_mfu"]["100%"]

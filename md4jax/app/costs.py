@@ -96,15 +96,15 @@ def call_tokens(config, model, program: str) -> int:
 
 
 def post_train_flops(config, model) -> float:
-  """A post-training step's model FLOPs (`md4jax.app.post_train`): the rollouts' sampler calls
-  (sample.num_steps of them over the rows), then the log π estimates (likelihood_draws calls
-  each, twice for coupled): the KL's pair (policy and reference) and the rollout-time one
-  forward only, and each of updates_per_rollout updates forward and backward (3×)."""
+  """A post-training step's model FLOPs (`md4jax.posttraining.step`): the rollouts' sampler
+  calls, counted as sample.num_steps calls over whole rows (a whole-sequence sampler's; blocks,
+  caches and first_hitting call otherwise), then the log π estimates, likelihood_draws calls
+  each (twice for coupled, one for d1): the KL's pair forward when β > 0, the rollout-time one
+  forward when updates_per_rollout > 1, and each update forward and backward (3×; a LoRA
+  run's backward is lighter)."""
   cfg = config.post_train
   rows, length = config.batch_size * cfg.group_size, config.data.seq_len
   call = rows * length * _forward_flops_per_token(config, length)
-  per_estimate = cfg.likelihood_draws * (2 if cfg.likelihood == "coupled" else 1)
-  if cfg.likelihood == "d1":
-    per_estimate = 1
-  estimates = (3 + 3 * cfg.updates_per_rollout) * per_estimate
-  return call * (config.sample.num_steps + estimates)
+  per_estimate = {"nelbo": cfg.likelihood_draws, "coupled": 2 * cfg.likelihood_draws, "d1": 1}
+  estimates = 2 * (cfg.beta > 0) + (cfg.updates_per_rollout > 1) + 3 * cfg.updates_per_rollout
+  return call * (config.sample.num_steps + estimates * per_estimate[cfg.likelihood])

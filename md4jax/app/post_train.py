@@ -41,6 +41,16 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError(
       f"post_train needs a masked diffusion model, not model.type={config.model.type!r}."
     )
+  if state_lib.block_size(config):
+    raise ValueError(
+      "post_train estimates log π of a whole-sequence masked diffusion model; block diffusion "
+      f"(diffusion.block_size={config.diffusion.block_size}) is not supported yet."
+    )
+  if config.post_train.algorithm != "vrpo" and config.sample.temperature == 0:
+    raise ValueError(
+      "post_train rollouts at sample.temperature=0 are identical within a group: no advantage "
+      "to learn from; sample at a temperature > 0."
+    )
   if objective.is_learned(config):
     raise ValueError(
       f"post_train needs a fixed masking schedule, not diffusion.schedule="
@@ -63,19 +73,22 @@ def check_run(config: ml_collections.ConfigDict):
     )
 
 
-def _reference_params(config, run: modes.Run):
-  """post_train.init_from's EMA params on this run's mesh: the frozen reference."""
+def _reference_params(config, run: modes.Run, step=None):
+  """(post_train.init_from's EMA params of checkpoint `step`, default its newest, on this run's
+  mesh: the frozen reference; that step)."""
   source = load.load(
     config.post_train.init_from,
+    step=step,
     mesh=run.mesh,
     role="post_train.init_from",
     check_config=False,
     log=lambda line: print(f"post_train.init_from: {line}"),
   )
-  return jax.device_put(
+  params = jax.device_put(
     state_lib.starting_params(config, source.params, source.config),
     state_lib.state_shardings(run.abstract_state).params,
   )
+  return params, source.step
 
 
 def programs(config, model, optimizer, abstract_state, mesh, reward, eos_id=None):
@@ -187,12 +200,13 @@ def preference_program(config, model, optimizer, abstract_state, mesh):
   )
 
 
-def _record(window: list[dict], rows: int) -> dict:
-  """The window's means; the reward's standard error over every rollout in it."""
+def _record(window: list[dict], groups: int) -> dict:
+  """The window's means; the mean reward's standard error from the spread of the window's group
+  means (a prompt's rollouts are not independent of each other)."""
   record = {name: float(np.mean([m[name] for m in window])) for name in window[0]}
-  if "reward_std" in record:
-    variance = np.mean([m["reward_std"] ** 2 for m in window])
-    record["reward_stderr"] = float(math.sqrt(variance / (rows * len(window))))
+  if "reward_group_std" in record:
+    variance = np.mean([m["reward_group_std"] ** 2 for m in window])
+    record["reward_stderr"] = float(math.sqrt(variance / (groups * len(window))))
   record["learning_rate"] = window[-1]["learning_rate"]
   return record
 
@@ -201,9 +215,11 @@ def _stepper(config, run: modes.Run, eos_id):
   """(step number, reference params) -> (state, metrics) of the run's algorithm, reading its own
   data; and the rows a step scores. Reads the pairs or the reward first: a bad one fails here."""
   cfg = config.post_train
+  # The run's optimizer, its schedule counted in updates: updates_per_rollout of them a step.
+  optimizer = state_lib.make_optimizer(config, cfg.updates_per_rollout)
   if cfg.algorithm == "vrpo":
     pairs = preferences.read_pairs(cfg.pairs, run.source.encode, eos_id, config.data.seq_len)
-    program = preference_program(config, run.model, run.optimizer, run.abstract_state, run.mesh)
+    program = preference_program(config, run.model, optimizer, run.abstract_state, run.mesh)
 
     def preference_step(step, reference):
       chosen, rejected = preferences.batch_at(pairs, step, config.batch_size, config.seed)
@@ -216,7 +232,7 @@ def _stepper(config, run: modes.Run, eos_id):
 
     return preference_step, 2 * config.batch_size
   reward = rewards_lib.parse(cfg.reward, config.data.vocab_size)
-  program = programs(config, run.model, run.optimizer, run.abstract_state, run.mesh, reward, eos_id)
+  program = programs(config, run.model, optimizer, run.abstract_state, run.mesh, reward, eos_id)
 
   def rollout_step(step, reference):
     del step  # The prompts come from the data iterator, restored with the checkpoint.
@@ -228,7 +244,9 @@ def _stepper(config, run: modes.Run, eos_id):
 def _progress(line, step, record, rows, seq_len, seconds):
   if "reward_mean" in record:
     figure, name = record["reward_mean"], "reward"
-    extra = f" ± {record['reward_stderr']:.4f}  KL {record['kl']:.3f} (estimated)"
+    extra = f" ± {record['reward_stderr']:.4f}"
+    if "kl" in record:
+      extra += f"  KL {record['kl']:.3f} (estimated)"
   else:
     figure, name = record["loss"], "preference loss"
     extra = f"  accuracy {record['preference_accuracy']:.3f}  margin {record['margin']:.3f}"
@@ -244,8 +262,15 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
   ) as (run, writer):
     config = run.config
     eos_id = run.source.tokenizer.eos_id if config.data.dataset == "conditional" else None
+    if config.post_train.reward == "exact_match" and eos_id is None:
+      raise ValueError(
+        "post_train.reward='exact_match' needs a tokenizer with an EOS (data.tokenizer char, "
+        "byte or bpe ends each response with one): without it no rollout's span ends."
+      )
     step_fn, rows = _stepper(config, run, eos_id)
-    reference = _reference_params(config, run)
+    # The reference is the checkpoint the policy started from, on resume too (init_from may
+    # have newer checkpoints since).
+    reference, reference_step = _reference_params(config, run, run.loop_state.get("reference_step"))
     writer.drop_records_after(run.restored_step or 0)
     if run.restored_step is not None:
       print(
@@ -273,14 +298,19 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
         is_last = step == config.num_train_steps
         stopping = not is_last and stop.stop_after(step)
         if step % config.log_every_steps == 0 or is_last:
-          record = _record(window, rows)
+          record = _record(window, config.batch_size)
           writer.write_train(step, record)
           seconds = (time.perf_counter() - started) / len(window)
           _progress(line, step, record, rows, config.data.seq_len, seconds)
           window, started = [], time.perf_counter()
         if step % config.checkpoint_every_steps == 0 or is_last or stopping:
           checkpoint.save(
-            run.manager, step, run.state, run.iterator.get_state(), config, {"window": window}
+            run.manager,
+            step,
+            run.state,
+            run.iterator.get_state(),
+            config,
+            {"window": window, "reference_step": reference_step},
           )
           last_saved = step
         if stopping:

@@ -203,7 +203,7 @@ def base_config() -> ml_collections.ConfigDict:
   # params, which stay its frozen reference; rollouts are drawn with sample.*.
   config.post_train = ml_collections.ConfigDict()
   config.post_train.init_from = ""  # The workdir whose newest EMA params start the policy and stay its frozen KL reference (required; the same network shapes).
-  config.post_train.reward = ""  # "bigram:FILE.npy" (a [V, V] table R: a rollout scores Σ R[x_ℓ, x_ℓ+1] over the pairs ending in a generated token), "exact_match" (1 if the generated span is the conditional example's response and EOS, else 0) or "module:function" (a Python callable: token ids [N, L] int32 -> N finite rewards).
+  config.post_train.reward = ""  # "bigram:FILE.npy" (a [V, V] table R: a rollout scores Σ R[x_ℓ, x_ℓ+1] over the pairs ending in a generated token), "exact_match" (1 if the generated span is the conditional example's response and EOS, else 0) or "module:function" (a Python callable on the rollouts, a dict of [N, L] arrays tokens, generated, reference, reference_editable -> N finite rewards).
   config.post_train.pairs = ""  # algorithm "vrpo": a JSONL file of {"prompt", "chosen", "rejected"} (batch_size pairs a step); "" otherwise.
   config.post_train.algorithm = "grpo"  # Advantages within each group: "grpo" ((r − mean) / (std + 1e-4)), "dr_grpo" (r − mean) or "rloo" (r − the others' mean); or "vrpo": DPO on post_train.pairs with VRPO's shared draws (β: DPO's).
   config.post_train.beta = 0.0  # β >= 0 of E[r] − β KL(π ‖ π_ref): the estimated log-ratio enters the reward (docs/post_training.md); 0 = no KL.

@@ -1,6 +1,6 @@
 """The validator of config.post_train (--mode=post_train, docs/post_training.md), for
-`validate_config`. What only a post-training run needs (init_from, the reward's file, whole
-groups) is checked when it starts (`md4jax.app.post_train.check_run`)."""
+`validate_config`. What only a post-training run needs (init_from, the reward or the pairs, the
+model's kind) is checked when it starts (`md4jax.app.post_train.check_run`)."""
 
 import math
 

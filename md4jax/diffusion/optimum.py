@@ -115,6 +115,7 @@ def kl_optimum(
 
 
 def _kl_rows(q: np.ndarray, p: np.ndarray) -> np.ndarray:
-  """KL of each row of q to the same row of p (0 log 0 = 0), [...]."""
+  """KL of each row of q to the same row of p (0 log 0 = 0; +inf where q leaves p's support)."""
   ratio = np.where(q > 0, q / np.where(p > 0, p, 1.0), 1.0)
-  return np.where(q > 0, q * np.log(ratio), 0.0).sum(-1)
+  terms = np.where(q > 0, q * np.log(ratio), 0.0)
+  return np.where(((q > 0) & (p == 0)).any(-1), np.inf, terms.sum(-1))

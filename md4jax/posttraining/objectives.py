@@ -12,7 +12,7 @@ is that objective's exact gradient (the −β E[∇log π] left over is 0), as n
 estimate's gradient is. With estimates of log π, the KL's log-ratio must come from draws
 independent of those the gradient differentiates: from the same draws its noise ε correlates
 with ∇ε, and the updates also descend β Var(ε)/2 (on the exact oracle, RLOO with one NELBO
-draw then closes 59% of the gap to π* instead of 96%: docs/post_training.md).
+draw then closes 0.75 of the gap to π* instead of 0.97: docs/post_training.md).
 """
 
 import jax

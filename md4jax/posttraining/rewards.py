@@ -4,12 +4,14 @@
                       the pairs whose second token it generated (every pair, unprompted).
   "exact_match"       1 if the generated span, up to and including its first EOS, is the
                       example's response and its EOS token for token, else 0 (conditional data).
-  "module:function"   any importable Python callable, function(tokens [N, L] int32) -> N rewards,
-                      called on the host between the rollouts' program and the update's.
+  "module:function"   any importable Python callable, function(rollouts) -> N rewards, called on
+                      the host (on every process: it must be deterministic) between the
+                      rollouts' program and the update's.
 
-A reward reads the rollouts as a dict of [N, L] arrays: `tokens`, `generated` (the span each
-rollout generated), `reference` and `reference_editable` (its prompt's data row: the answer).
-bigram and exact_match are jax functions, computed inside the step's one program.
+A reward reads the rollouts as a dict of [N, L] arrays (NumPy for a Python function): `tokens`
+(int32), `generated` (bool: the span each rollout generated), `reference` and
+`reference_editable` (its prompt's data row: the answer where editable). bigram and exact_match
+are jax functions, computed inside the step's one program.
 
 Every failure is a RewardError (a ValueError) in one line naming the spec and the problem.
 """
@@ -21,6 +23,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+ROLLOUT_FIELDS = ("tokens", "generated", "reference", "reference_editable")
 
 
 class RewardError(ValueError):
@@ -55,7 +59,7 @@ class ExactMatch:
 
 
 class CallableReward:
-  """A Python function of the rollouts' token ids, run on the host; its output checked."""
+  """A Python function of the rollouts (NumPy arrays), run on the host; its output checked."""
 
   in_program = False
 
@@ -64,9 +68,10 @@ class CallableReward:
     self.spec = spec
 
   def __call__(self, rollouts: dict) -> np.ndarray:
-    tokens = np.asarray(rollouts["tokens"], np.int32)
+    arrays = {name: np.asarray(rollouts[name]) for name in ROLLOUT_FIELDS}
+    rows = len(arrays["tokens"])
     try:
-      values = self.function(tokens)
+      values = self.function(arrays)
     except Exception as e:  # pylint: disable=broad-except  (any failure of the user's code)
       raise RewardError(
         f"post_train.reward={self.spec!r} raised {type(e).__name__}: {' '.join(str(e).split())}"
@@ -77,9 +82,9 @@ class CallableReward:
       raise RewardError(
         f"post_train.reward={self.spec!r} returned {type(values).__name__}, not numbers."
       ) from None
-    if values.shape != (len(tokens),):
+    if values.shape != (rows,):
       raise RewardError(
-        f"post_train.reward={self.spec!r} returned {values.size} values for {len(tokens)} rollouts."
+        f"post_train.reward={self.spec!r} returned {values.size} values for {rows} rollouts."
       )
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:

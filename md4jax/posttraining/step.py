@@ -2,13 +2,14 @@
 
 update(state, tokens, rewards, key) -> (state, metrics). Rows come in groups of
 post_train.group_size (the rollouts of one prompt). With log π estimated by
-post_train.likelihood (the same draws for the policy, its rollout-time self and the reference):
+post_train.likelihood, two estimates compared with each other share their draws:
 
-  1. the KL's log-ratio, log π − log π_ref, from draws of its own (`objectives`: from the
-     gradient's draws it would bias the update), enters the reward as −β times it;
+  1. the KL's log-ratio, log π − log π_ref (the policy and the reference on one set of draws,
+     of their own: from the gradient's draws it would bias the update, `objectives`), enters
+     the reward as −β times it (β = 0: not estimated at all);
   2. the group advantages of those rewards (post_train.algorithm);
-  3. post_train.updates_per_rollout optimizer steps on the clipped surrogate, every one with the
-     rollout-time estimate's draws, so that the ratio π/π_rollout compares like with like.
+  3. post_train.updates_per_rollout optimizer steps on the clipped surrogate, the ratio
+     π/π_rollout on the gradient's draws (at μ = 1 it is 1, and π_rollout is not estimated).
 """
 
 import jax
@@ -72,23 +73,34 @@ def update(
     )
 
   shaping_key, draw_key = jax.random.split(key)
-  log_policy = estimate(state.params, shaping_key)
-  log_ratio = log_policy - estimate(reference_params, shaping_key)
-  shaped = objectives.regularized_rewards(rewards, log_ratio, 0.0, cfg.beta)
+  updates_per_rollout = cfg.updates_per_rollout
+  metrics = {"reward_mean": rewards.mean()}
+  # The spread of the group means: the rollouts of one prompt are not independent draws.
+  metrics["reward_group_std"] = rewards.reshape(-1, cfg.group_size).mean(-1).std()
+  if cfg.beta > 0:  # β = 0: no KL, and no estimates spent on it.
+    log_policy = estimate(state.params, shaping_key)
+    log_ratio = log_policy - estimate(reference_params, shaping_key)
+    # Per-sequence KL(π ‖ π_ref) ≈ E[log π − log π_ref] over the rollouts (estimated log π).
+    metrics["kl"] = log_ratio.mean()
+    rewards = objectives.regularized_rewards(rewards, log_ratio, 0.0, cfg.beta)
   advantages = objectives.group_advantages(
-    shaped.reshape(-1, cfg.group_size), cfg.algorithm
+    rewards.reshape(-1, cfg.group_size), cfg.algorithm
   ).reshape(-1)
-  log_rollout = jax.lax.stop_gradient(estimate(state.params, draw_key))
+  # μ = 1: the ratio is 1 at the rollout's own params (its log π need not be estimated twice).
+  log_rollout = None
+  if updates_per_rollout > 1:
+    log_rollout = jax.lax.stop_gradient(estimate(state.params, draw_key))
 
   def one_update(state, _):
     trainable, frozen = state_lib.split_trainable(state.params, config)
 
     def loss(trainable):
       log_now = estimate(state_lib.join_trainable(trainable, frozen), draw_key)
-      surrogate = objectives.clipped_objective(log_now, log_rollout, advantages, cfg.clip)
-      return -surrogate.mean()
+      old = jax.lax.stop_gradient(log_now) if log_rollout is None else log_rollout
+      surrogate = objectives.clipped_objective(log_now, old, advantages, cfg.clip)
+      return -surrogate.mean(), log_now
 
-    grads = jax.grad(loss)(trainable)
+    (_, log_now), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
     full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
     updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
     trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
@@ -96,20 +108,17 @@ def update(
     decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
     ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
     new_state = state.replace(step=state.step, params=params, opt_state=opt_state, ema_params=ema)
-    return new_state, optax.tree.norm(grads)
+    return new_state, (optax.tree.norm(grads), log_now)
 
-  state, grad_norms = jax.lax.scan(one_update, state, None, length=cfg.updates_per_rollout)
+  lr = state_lib.learning_rate_schedule(config, updates_per_rollout)
+  metrics["learning_rate"] = lr(state.step * updates_per_rollout)
+  state, (grad_norms, log_now) = jax.lax.scan(one_update, state, None, length=updates_per_rollout)
   state = state.replace(step=state.step + 1)
-  metrics = {
-    "grad_norm": grad_norms[-1],
-    "reward_mean": rewards.mean(),
-    "reward_std": rewards.std(),
-    # Per-sequence KL(π ‖ π_ref) ≈ E[log π − log π_ref] over the rollouts (estimated log π).
-    "kl": log_ratio.mean(),
-    # Two independent estimates of each log π: half their squared difference is the variance.
-    "likelihood_variance": 0.5 * jnp.mean((log_policy - log_rollout) ** 2),
-    "learning_rate": state_lib.learning_rate_schedule(config)(state.step - 1),
-  }
+  metrics["grad_norm"] = grad_norms[-1]
+  if cfg.beta > 0:
+    # Two independent estimates of each log π at the rollout's params (the shaping draws', the
+    # first update's): half their squared difference is the estimator's variance.
+    metrics["likelihood_variance"] = 0.5 * jnp.mean((log_policy - log_now[0]) ** 2)
   return state, metrics
 
 

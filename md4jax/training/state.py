@@ -78,13 +78,16 @@ def block_size(config: ml_collections.ConfigDict) -> int:
   return size if 0 < size < config.data.seq_len else 0
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup from 0 to the peak, then cosine decay to 0 at the last step."""
+def learning_rate_schedule(
+  config: ml_collections.ConfigDict, updates_per_step: int = 1
+) -> optax.Schedule:
+  """Linear warmup from 0 to the peak, then cosine decay to 0 at the last step; over optimizer
+  updates, updates_per_step of them a step (post-training's updates_per_rollout)."""
   return optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=config.optimizer.learning_rate,
-    warmup_steps=config.optimizer.warmup_steps,
-    decay_steps=config.num_train_steps,
+    warmup_steps=config.optimizer.warmup_steps * updates_per_step,
+    decay_steps=config.num_train_steps * updates_per_step,
     end_value=0.0,
   )
 
@@ -140,24 +143,29 @@ def join_trainable(trainable, frozen) -> Any:
   return flax.traverse_util.unflatten_dict({**flatten(frozen), **flatten(trainable)})
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(
+  config: ml_collections.ConfigDict, updates_per_step: int = 1
+) -> optax.GradientTransformation:
   """AdamW on everything, after a global-norm clip (none for optimizer.grad_clip_norm = 0, as
   MD4); a learned schedule's θ moves at diffusion.exponent_learning_rate (its Adam step
   rescaled, on the same warmup and decay) and is clipped on its own, so its noisy
   score-function gradient never shrinks the network's step.
 
   With model.lora_rank > 0 that optimizer sees the trainable params alone (`param_labels`): the
-  frozen ones get zero updates and no state, so Adam's moments exist for the adapters only."""
-  trainable = _trainable_optimizer(config)
+  frozen ones get zero updates and no state, so Adam's moments exist for the adapters only.
+  updates_per_step: optimizer updates a step makes (the schedule's; the state is the same)."""
+  trainable = _trainable_optimizer(config, updates_per_step)
   if not config.model.lora_rank:
     return trainable
   return optax.multi_transform({TRAINABLE: trainable, FROZEN: optax.set_to_zero()}, param_labels)
 
 
-def _trainable_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _trainable_optimizer(
+  config: ml_collections.ConfigDict, updates_per_step: int
+) -> optax.GradientTransformation:
   opt = config.optimizer
   adamw = optax.adamw(
-    learning_rate_schedule(config),
+    learning_rate_schedule(config, updates_per_step),
     b1=opt.b1,
     b2=opt.b2,
     weight_decay=opt.weight_decay,
