@@ -109,3 +109,10 @@ def test_bad_arguments_are_one_line_errors(arguments, message):
   values = dict(reward=np.zeros((VOCAB, VOCAB)), beta=1.0, length=LENGTH) | arguments
   with pytest.raises(ValueError, match=message):
     optimum.kl_optimum(MarkovLanguage(VOCAB), **values)
+
+
+def test_a_law_off_the_languages_support_is_infinitely_far():
+  language = MarkovLanguage.from_transition(np.array([[1.0, 0.0], [0.5, 0.5]]), [0.5, 0.5])
+  inside = optimum.PositionalChain([0.5, 0.5], [[[1.0, 0.0], [0.5, 0.5]]])
+  outside = optimum.PositionalChain([0.5, 0.5], [[[0.9, 0.1], [0.5, 0.5]]])
+  assert inside.kl_to(language) == 0.0 and outside.kl_to(language) == np.inf
