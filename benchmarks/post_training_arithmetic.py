@@ -29,6 +29,9 @@ _SFT_STEPS = flags.DEFINE_integer("sft_steps", 1500, "SFT steps before post-trai
 _POST_STEPS = flags.DEFINE_integer("post_steps", 100, "GRPO steps.")
 _EVAL = flags.DEFINE_integer("eval_prompts", 400, "Held-out prompts scored.")
 _MAX = flags.DEFINE_integer("max_operand", 50, "Operands are drawn in [0, max_operand).")
+_LEARNING_RATE = flags.DEFINE_float("post_learning_rate", 3e-4, "GRPO's peak learning rate.")
+_BETA = flags.DEFINE_float("post_beta", 0.01, "GRPO's KL coefficient.")
+_SKIP_SFT = flags.DEFINE_bool("reuse_sft", False, "Reuse DIR/sft from an earlier run.")
 
 
 def _write_sums(path: pathlib.Path, pairs: np.ndarray):
@@ -96,12 +99,19 @@ def accuracy(workdir, held_out: list) -> dict:
 def main(argv):
   del argv
   root = pathlib.Path(_DIR.value)
-  shutil.rmtree(root, ignore_errors=True)
-  root.mkdir(parents=True)
-  held_out = _data(root)
-  started = time.perf_counter()
-  modes.train_and_evaluate(_sft_config(root, _SFT_STEPS.value), root / "sft")
-  sft_seconds = time.perf_counter() - started
+  if _SKIP_SFT.value:
+    held_out = _data(root)  # The same split: its seed is fixed.
+    sft_seconds = json.loads((root / "sft_seconds.json").read_text())
+    for name in ("grpo", "more_sft"):
+      shutil.rmtree(root / name, ignore_errors=True)
+  else:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    held_out = _data(root)
+    started = time.perf_counter()
+    modes.train_and_evaluate(_sft_config(root, _SFT_STEPS.value), root / "sft")
+    sft_seconds = time.perf_counter() - started
+    (root / "sft_seconds.json").write_text(json.dumps(sft_seconds))
   report = {"sft_steps": _SFT_STEPS.value, "sft_seconds": sft_seconds}
   report["sft"] = accuracy(root / "sft", held_out)
 
@@ -112,11 +122,16 @@ def main(argv):
   )
   post.sample.update(method="confidence", num_steps=4, temperature=1.0)
   post.post_train.update(init_from=str(root / "sft"), reward="exact_match", algorithm="grpo")
-  post.post_train.update(group_size=8, beta=0.01, likelihood="nelbo", likelihood_draws=1)
+  post.post_train.update(group_size=8, beta=_BETA.value, likelihood="nelbo", likelihood_draws=1)
   started = time.perf_counter()
   post_train.post_train(post, root / "grpo")
   grpo_seconds = time.perf_counter() - started
-  report.update(grpo_steps=_POST_STEPS.value, grpo_seconds=grpo_seconds)
+  report.update(
+    grpo_steps=_POST_STEPS.value,
+    grpo_seconds=grpo_seconds,
+    grpo_learning_rate=_LEARNING_RATE.value,
+    grpo_beta=_BETA.value,
+  )
   report["grpo"] = accuracy(root / "grpo", held_out)
 
   # More SFT for the same wall time, at the first run's pace (compilation and its evaluation
