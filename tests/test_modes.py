@@ -29,7 +29,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   monkeypatch.setattr(
     state_lib,
     "learning_rate_schedule",
-    lambda config: lambda count: jnp.where(count >= 7, jnp.nan, 1e-3),
+    lambda config, updates_per_step=1: lambda count: jnp.where(count >= 7, jnp.nan, 1e-3),
   )
   with pytest.raises(
     FloatingPointError, match=r"Loss is nan at step (8|9).*checkpoint \(step 5\) is kept"

@@ -100,6 +100,16 @@ class Run:
       path=init_from,
     )
 
+  def begin(self, writer: metrics_writer.MetricsWriter):
+    """A run's outputs as it starts: records past its checkpoint dropped, config.json written."""
+    writer.drop_records_after(self.restored_step or 0)
+    if self.restored_step is not None:
+      print(
+        f"Resuming from the checkpoint of step {self.restored_step} in {self.workdir.checkpoints}."
+      )
+    if self.is_writer:
+      self.workdir.config_json.write_text(self.config.to_json_best_effort(indent=2) + "\n")
+
   @property
   def is_writer(self) -> bool:
     return jax.process_index() == 0
@@ -218,13 +228,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir) -> Optional[d
   started = time.perf_counter()
   with session(config, workdir, "train", restored=False) as (run, writer):
     config = run.config  # data.vocab_size resolved.
-    writer.drop_records_after(run.restored_step or 0)
-    if run.restored_step is not None:
-      print(
-        f"Resuming from the checkpoint of step {run.restored_step} in {run.workdir.checkpoints}."
-      )
-    if run.is_writer:
-      run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
+    run.begin(writer)
     step_fn = train.make_train_step(config, run.model, run.optimizer, run.mesh, run.abstract_state)
     axes = ", ".join(f"{name}={size}" for name, size in run.mesh.shape.items())
     print(

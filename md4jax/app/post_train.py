@@ -271,13 +271,7 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
     # The reference is the checkpoint the policy started from, on resume too (init_from may
     # have newer checkpoints since).
     reference, reference_step = _reference_params(config, run, run.loop_state.get("reference_step"))
-    writer.drop_records_after(run.restored_step or 0)
-    if run.restored_step is not None:
-      print(
-        f"Resuming from the checkpoint of step {run.restored_step} in {run.workdir.checkpoints}."
-      )
-    if run.is_writer:
-      run.workdir.config_json.write_text(config.to_json_best_effort(indent=2) + "\n")
+    run.begin(writer)
     start = int(sharding.to_host(run.state.step))
     line = progress.ProgressLine(config.num_train_steps, 0, config.checkpoint_every_steps)
     window, record, last_saved = list(run.loop_state["window"]), {}, run.restored_step

@@ -49,6 +49,19 @@ def log_prob(
   )
 
 
+def _applied(state, grads, frozen, optimizer, config) -> state_lib.TrainState:
+  """state after one optimizer update with the trainable params' grads (frozen ones pass bit for
+  bit), and its EMA moved toward the new params; the step unchanged."""
+  full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
+  updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
+  trainable = state_lib.split_trainable(state.params, config)[0]
+  trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
+  params = state_lib.join_trainable(trained, frozen)
+  decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
+  ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
+  return state.replace(params=params, opt_state=opt_state, ema_params=ema)
+
+
 def update(
   state: state_lib.TrainState,
   tokens: jax.Array,
@@ -101,14 +114,7 @@ def update(
       return -surrogate.mean(), log_now
 
     (_, log_now), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
-    full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
-    updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
-    trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
-    params = state_lib.join_trainable(trained, frozen)
-    decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
-    ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
-    new_state = state.replace(step=state.step, params=params, opt_state=opt_state, ema_params=ema)
-    return new_state, (optax.tree.norm(grads), log_now)
+    return _applied(state, grads, frozen, optimizer, config), (optax.tree.norm(grads), log_now)
 
   lr = state_lib.learning_rate_schedule(config, updates_per_rollout)
   metrics["learning_rate"] = lr(state.step * updates_per_rollout)
@@ -166,13 +172,8 @@ def preference_update(
     return losses.mean(), margin
 
   (value, margin), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
-  full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
-  updates, opt_state = optimizer.update(full_grads, state.opt_state, state.params)
-  trained = optax.apply_updates(trainable, state_lib.split_trainable(updates, config)[0])
-  params = state_lib.join_trainable(trained, frozen)
-  decay = train.ema_decay_at(state.step, config.optimizer.ema_decay, config.optimizer.ema_warmup)
-  ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema)
+  new_state = _applied(state, grads, frozen, optimizer, config)
+  new_state = new_state.replace(step=state.step + 1)
   metrics = {
     "loss": value,
     "margin": margin.mean(),
