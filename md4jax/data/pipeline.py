@@ -102,7 +102,7 @@ def document_rows(docs: TokenizedDocs, seq_len: int) -> tuple:
   return np.arange(docs.num_docs + 1), docs.offsets[:-1], lengths, docs.prompt_lengths
 
 
-def _row(tokens: np.ndarray, seq_len: int, starts, lengths, prompt_lengths=None) -> dict:
+def packed_row(tokens: np.ndarray, seq_len: int, starts, lengths, prompt_lengths=None) -> dict:
   """One row from (start, length) pieces of `tokens`, each its own segment, then padding.
 
   A piece's first prompt_lengths[i] tokens (none by default) are not editable.
@@ -130,7 +130,7 @@ class _PackedRows:
 
   def __call__(self, row: int) -> dict:
     a, b = self.row_splits[row], self.row_splits[row + 1]
-    return _row(
+    return packed_row(
       self.docs.tokens, self.seq_len, self.starts[a:b], self.lengths[a:b], self.prompts[a:b]
     )
 
@@ -311,8 +311,8 @@ class EvalBatches:
     for b in range(self.num_batches):
       first = (b * self.shard_count + self.shard_index) * self.batch_size
       ids = range(first, min(first + self.batch_size, self.num_rows))
-      rows = [_row(self.docs.tokens, self.seq_len, *self._pieces[i]) for i in ids]
-      rows += [_row(self.docs.tokens, self.seq_len, *empty)] * (self.batch_size - len(rows))
+      rows = [packed_row(self.docs.tokens, self.seq_len, *self._pieces[i]) for i in ids]
+      rows += [packed_row(self.docs.tokens, self.seq_len, *empty)] * (self.batch_size - len(rows))
       yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 

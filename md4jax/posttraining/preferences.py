@@ -12,22 +12,13 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from md4jax.data import pipeline
+
 FIELDS = ("prompt", "chosen", "rejected")
 
 
 class PairsError(ValueError):
   """A pairs file that cannot be read: one line naming the file (and line) and the problem."""
-
-
-def _row(prompt: np.ndarray, response: np.ndarray, seq_len: int) -> dict:
-  length = len(prompt) + len(response)
-  row = {name: np.zeros(seq_len, np.int32) for name in ("tokens", "segment_ids", "positions")}
-  row["tokens"][:length] = np.concatenate([prompt, response])
-  row["segment_ids"][:length] = 1
-  row["positions"][:length] = np.arange(length)
-  row["editable"] = np.zeros(seq_len, bool)
-  row["editable"][len(prompt) : length] = True
-  return row
 
 
 def read_pairs(path, encode: Callable, eos_id: Optional[int], seq_len: int) -> dict:
@@ -62,7 +53,8 @@ def read_pairs(path, encode: Callable, eos_id: Optional[int], seq_len: int) -> d
           f"{where}: the prompt and the {side} response are {len(prompt) + len(response)} "
           f"tokens, more than data.seq_len={seq_len}."
         )
-      rows[side].append(_row(prompt, response, seq_len))
+      example = np.concatenate([prompt, response])
+      rows[side].append(pipeline.packed_row(example, seq_len, [0], [len(example)], [len(prompt)]))
   if not rows["chosen"]:
     raise PairsError(f"post_train.pairs={str(path)!r}: no pairs in the file.")
   return {
