@@ -64,6 +64,7 @@ class Run:
     self.iterator = self.source.train_iterator()
     restored = checkpoint.restore(self.manager, self.abstract_state)
     self.restored_step: Optional[int] = None
+    self.init_from_step: Optional[int] = None  # A fresh run's: the init_from checkpoint's step.
     self.loop_state: dict = {"window": []}
     if restored is None:  # A fresh run: a random init, or init_from's params.
       self.state = self._initial_state()
@@ -87,6 +88,7 @@ class Run:
         check_config=False,  # Only its params are used, laid out on this run's mesh.
         log=lambda line: print(f"init_from: {line}"),
       )
+      self.init_from_step = source.step
     return adaptation.initial_state(
       config,
       self.model,

@@ -14,6 +14,7 @@ import math
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -73,9 +74,9 @@ def check_run(config: ml_collections.ConfigDict):
     )
 
 
-def _reference_params(config, run: modes.Run, step=None):
-  """(post_train.init_from's EMA params of checkpoint `step`, default its newest, on this run's
-  mesh: the frozen reference; that step)."""
+def _reference_params(config, run: modes.Run, step: int):
+  """post_train.init_from's EMA params of checkpoint `step` on this run's mesh: the frozen
+  reference of a resumed run."""
   source = load.load(
     config.post_train.init_from,
     step=step,
@@ -84,11 +85,10 @@ def _reference_params(config, run: modes.Run, step=None):
     check_config=False,
     log=lambda line: print(f"post_train.init_from: {line}"),
   )
-  params = jax.device_put(
+  return jax.device_put(
     state_lib.starting_params(config, source.params, source.config),
     state_lib.state_shardings(run.abstract_state).params,
   )
-  return params, source.step
 
 
 def programs(config, model, optimizer, abstract_state, mesh, reward, eos_id=None):
@@ -268,9 +268,15 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
         "byte or bpe ends each response with one): without it no rollout's span ends."
       )
     step_fn, rows = _stepper(config, run, eos_id)
-    # The reference is the checkpoint the policy started from, on resume too (init_from may
-    # have newer checkpoints since).
-    reference, reference_step = _reference_params(config, run, run.loop_state.get("reference_step"))
+    # The reference is the checkpoint the policy started from: on a fresh run a copy of the
+    # state's params (read once), on a resume that step read again (init_from may have newer).
+    if run.restored_step is None:
+      copied = jax.tree.map(jnp.copy, run.state.params)  # Not the donated state's buffers.
+      reference = jax.device_put(copied, state_lib.state_shardings(run.abstract_state).params)
+      reference_step = run.init_from_step
+    else:
+      reference_step = run.loop_state["reference_step"]
+      reference = _reference_params(config, run, reference_step)
     run.begin(writer)
     start = int(sharding.to_host(run.state.step))
     line = progress.ProgressLine(config.num_train_steps, 0, config.checkpoint_every_steps)
