@@ -112,19 +112,23 @@ def test_same_key_same_draws_and_batch_invariant(estimator):
   np.testing.assert_allclose(np.asarray(alone), np.asarray(batch)[5:6], rtol=1e-6)
 
 
-def test_d1_masks_the_prompt_at_its_rate_and_every_completion_token():
-  x = jnp.zeros((4000, LENGTH), jnp.int32)
+def _inputs_seen(estimator, x, seed, **arguments) -> list:
+  """The denoiser's inputs [B, L] of each call of one estimate of x's rows."""
   seen = []
   log_likelihood_lib.log_likelihood(
-    jax.random.PRNGKey(0),
+    jax.random.PRNGKey(seed),
     _spy(seen),
     x,
     mask_id=VOCAB,
-    editable=_editable(4000),
-    estimator="d1",
-    prompt_mask_prob=0.3,
+    editable=_editable(x.shape[0]),
+    estimator=estimator,
+    **arguments,
   )
-  (z,) = seen
+  return seen
+
+
+def test_d1_masks_the_prompt_at_its_rate_and_every_completion_token():
+  (z,) = _inputs_seen("d1", jnp.zeros((4000, LENGTH), jnp.int32), 0, prompt_mask_prob=0.3)
   assert np.all(z[:, PROMPT:] == VOCAB)
   rate = (z[:, :PROMPT] == VOCAB).mean()
   assert abs(rate - 0.3) < 4 * np.sqrt(0.3 * 0.7 / z[:, :PROMPT].size)
@@ -132,16 +136,7 @@ def test_d1_masks_the_prompt_at_its_rate_and_every_completion_token():
 
 def test_coupled_scores_every_completion_token_exactly_once():
   x = LANGUAGE.sample(jax.random.PRNGKey(6), 64, LENGTH)
-  seen = []
-  log_likelihood_lib.log_likelihood(
-    jax.random.PRNGKey(1),
-    _spy(seen),
-    x,
-    mask_id=VOCAB,
-    editable=_editable(64),
-    estimator="coupled",
-  )
-  first, second = (z == VOCAB for z in seen)
+  first, second = (z == VOCAB for z in _inputs_seen("coupled", x, 1))
   np.testing.assert_array_equal(first ^ second, np.asarray(_editable(64)))
 
 
