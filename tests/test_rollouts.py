@@ -40,3 +40,16 @@ def test_a_dense_row_is_an_unprompted_rollout():
   fixed = rollouts.prompt_mask(grouped)
   assert not fixed.any()
   assert rollouts.generated_span(fixed, None).all()
+
+
+def test_a_bigram_reward_counts_the_pairs_ending_in_a_generated_token(tmp_path):
+  from md4jax.posttraining import rewards  # pylint: disable=g-import-not-at-top
+
+  table = np.arange(9, dtype=np.float64).reshape(3, 3)  # R[a, b] = 3a + b.
+  np.save(tmp_path / "r.npy", table)
+  reward = rewards.parse(f"bigram:{tmp_path / 'r.npy'}", 3)
+  tokens = jnp.array([[2, 0, 1, 2], [1, 1, 1, 1]])
+  generated = jnp.array([[False, False, True, True], [True, True, True, True]])
+  got = reward({"tokens": tokens, "generated": generated})
+  # Row 0: pairs (0, 1) and (1, 2), not the prompt's (2, 0); row 1: all three (1, 1) pairs.
+  np.testing.assert_array_equal(np.asarray(got), [1.0 + 5.0, 3 * 4.0])
