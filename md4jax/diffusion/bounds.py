@@ -47,7 +47,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from md4jax.diffusion import genmd4, masking
+from md4jax.diffusion import genmd4, masking, uniform
 from md4jax.diffusion import schedules as schedules_lib
 
 # The forward process, re-exported: callers know them as diffusion.corrupt etc.
@@ -103,9 +103,10 @@ def nelbo(
   x: Array,
   schedule,
   *,
-  mask_id: int,
+  mask_id: Optional[int] = None,
   editable: Optional[Array] = None,
   num_steps: Optional[int] = None,
+  process: str = "masked",
   estimator: str = "standard",
   t_sampling: str = "stratified",
   row_index: Optional[Array] = None,
@@ -127,11 +128,15 @@ def nelbo(
       state-dependent schedule.
     x: clean tokens [B, L] in [0, mask_id).
     schedule: a `md4jax.diffusion.schedules` schedule (or its name).
-    mask_id: the mask id, == V.
+    mask_id: the mask id, == V (masked process; the uniform process has none).
     editable: bool [B, L]; False positions (padding, prompt) are neither masked
       nor scored and do not count as tokens.
     num_steps: None for the continuous-time bound, an integer T for the
       discrete-time bound on the grid t_i = i/T (looser, → L∞ as T grows).
+    process: "masked" (absorbing: a token becomes mask_id) or "uniform" (a token becomes a
+      uniform draw over the V tokens, V the denoiser's logits; `md4jax.diffusion.uniform`):
+      then denoise_fn(z_t, alpha_t) reads z_t in [0, V), and only the standard estimator, a
+      mask-rate schedule, the sampled endpoint terms and time_input "alpha" apply.
     estimator: "standard" (w(t) Σ_masked CE), "forced_target" (docs/math.md § 5: one
       forced-masked target position, weight −α′(t) · n_editable), or
       "mask_count" (continuous only: uniform mask count, bounded variance).
@@ -165,6 +170,30 @@ def nelbo(
   """
   if isinstance(schedule, str):
     schedule = schedules_lib.get_schedule(schedule)
+  if process not in uniform.PROCESSES:
+    raise ValueError(f"Unknown process {process!r}; valid: {', '.join(uniform.PROCESSES)}.")
+  if process == "uniform":
+    return _uniform_nelbo(
+      key,
+      denoise_fn,
+      x,
+      schedule,
+      editable=editable,
+      num_steps=num_steps,
+      t_sampling=t_sampling,
+      row_index=row_index,
+      num_rows=num_rows,
+      refused=dict(
+        estimator=(estimator, "standard"),
+        time_input=(time_input, "alpha"),
+        endpoint_terms=(endpoint_terms, "sampled"),
+        draws=(draws, None),
+        block_size=(None if block_size == x.shape[-1] else block_size, None),
+        mask_rates=(mask_rates, None),
+      ),
+    )
+  if mask_id is None:
+    raise ValueError("nelbo: the masked process needs mask_id (== V, one past the vocabulary).")
   if estimator not in ESTIMATORS:
     raise ValueError(f"Unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}.")
   if num_steps is not None and (
@@ -320,6 +349,35 @@ def nelbo(
       **kwargs,
     )
   return total
+
+
+def _uniform_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, **kwargs):
+  """The uniform-state bound, after refusing the masked process's options (name: (given, only))."""
+  for name, (given, only) in refused.items():
+    if given != only:
+      raise ValueError(
+        f"nelbo: process='uniform' takes {name}={only!r} only (got {given!r}): that option is "
+        "the masked process's."
+      )
+  if schedule.state_dependent:
+    raise ValueError(
+      f"nelbo: process='uniform' takes a mask-rate schedule, not {schedule.name!r} (GenMD4's)."
+    )
+  if num_steps is not None and (
+    isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+  ):
+    raise ValueError(
+      f"num_steps must be None (continuous time) or an integer >= 1, got {num_steps!r}."
+    )
+  if x.ndim != 2:
+    raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
+  chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
+  logits = jax.eval_shape(denoise_fn, x, jnp.ones(x.shape[:1], jnp.float32))
+  if logits.ndim != 3 or logits.shape[:2] != x.shape:
+    raise ValueError(f"nelbo: the denoiser must return logits [B, L, V], got {logits.shape}.")
+  return uniform.nelbo(
+    key, denoise_fn, x, schedule, vocab_size=logits.shape[-1], num_steps=num_steps, **kwargs
+  )
 
 
 def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, draws, **kwargs):

@@ -127,6 +127,25 @@ class MarkovLanguage:
 
     return denoise
 
+  def uniform_denoise_fn(self, editable=None):
+    """The exact denoiser of the uniform-state process: logits of p(x_ℓ | z_t), called as
+    (z_t [B, L] in [0, V), alpha_t [B]); every position's evidence for value k is
+    α [z_ℓ = k] + (1 − α)/V (docs/math.md § 13). editable: bool [B, L] or None; a False
+    position was never noised, so its evidence is one-hot."""
+    initial = jnp.asarray(self.initial, jnp.float32)
+    transition = jnp.asarray(self.transition, jnp.float32)
+    vocab_size = self.vocab_size
+
+    def denoise(z_t: Array, alpha_t: Array) -> Array:
+      seen = jax.nn.one_hot(z_t, vocab_size, dtype=jnp.float32)
+      alpha = jnp.asarray(alpha_t, jnp.float32)[:, None, None]
+      evidence = alpha * seen + (1.0 - alpha) / vocab_size
+      if editable is not None:
+        evidence = jnp.where(editable[..., None], evidence, seen)
+      return posterior_logits(evidence, initial, transition)
+
+    return denoise
+
 
 def chain_posterior_logits(z_t: Array, initial: Array, transition: Array, mask_id: int, hidden=1.0):
   """log p(x_ℓ | z_t) [B, L, V] of the chain (initial [V], transition [V, V], jax arrays, so
@@ -135,10 +154,18 @@ def chain_posterior_logits(z_t: Array, initial: Array, transition: Array, mask_i
   hidden: a masked position's evidence for each value (1, or [B, 1, V] under a state-dependent
   schedule: the probability that the value would have been masked)."""
   vocab_size = transition.shape[-1]
-  # evidence[ℓ, b, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
+  # evidence[b, ℓ, k] ∝ q(z_t,ℓ | x_ℓ = k): which tokens position ℓ may hold given z_t.
   evidence = jnp.where(
     (z_t == mask_id)[..., None], hidden, jax.nn.one_hot(z_t, vocab_size, dtype=transition.dtype)
-  ).transpose(1, 0, 2)
+  )
+  return posterior_logits(evidence, initial, transition)
+
+
+def posterior_logits(evidence: Array, initial: Array, transition: Array) -> Array:
+  """log p(x_ℓ | z) [B, L, V] of the chain given each position's evidence [B, L, V] ∝ q(z_ℓ |
+  x_ℓ = k), by forward–backward (the masked process's evidence is one-hot or `hidden`; the
+  uniform process's α [z_ℓ = k] + (1 − α)/V)."""
+  evidence = evidence.transpose(1, 0, 2)
 
   def forward(message, e):  # message: p(x_ℓ, visible before ℓ) up to a constant.
     # Visible tokens of probability 0 (a heuristic sampler can reveal such a pair) leave
