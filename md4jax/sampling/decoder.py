@@ -47,7 +47,8 @@ from typing import Optional
 import jax
 
 from md4jax.diffusion.denoiser import Denoiser, as_denoiser
-from md4jax.sampling import arguments, blocks, samplers
+from md4jax.diffusion.schedules import get_schedule
+from md4jax.sampling import arguments, blocks, samplers, uniform_state
 
 Array = jax.Array
 
@@ -105,7 +106,7 @@ def sample(
   batch_size: int,
   length: int,
   schedule,
-  mask_id: int,
+  mask_id: Optional[int] = None,
   method: str = "ancestral",
   num_steps: Optional[int] = None,
   temperature: float = 1.0,
@@ -131,6 +132,7 @@ def sample(
   trajectory_top_k: int = 5,
   row_offset=0,
   block_offset: int = 0,
+  process: str = "masked",
 ):
   """Generates [B, length] int32 tokens from all-mask, block after block (the module docstring).
 
@@ -171,6 +173,11 @@ def sample(
       (LLaDA's) or "proportional" (Dream's); `unmasking.reveal_count`.
     block_offset: where the first block starts (LLaDA's and Fast-dLLM's blocks start after the
       prompt: its width), the positions before it given by the prompt; cache none, prefix or dual.
+    process: "masked" (every method above) or "uniform": the uniform-state process (no mask id;
+      denoise_fn(z in [0, V), alpha) -> logits [B, L, V]), sampled from uniform noise by
+      `md4jax.sampling.uniform_state` (method "ancestral", "greedy_tail" or "canvas", num_steps
+      required; a prompt's positions, or those where prompt_mask is True, are given); one block,
+      cache "none", no EOS, guidance or trajectory. info holds "nfe" and "nonfinite_call".
     row_offset: the request's row index of this call's row 0: rows row_offset .. row_offset + B − 1
       of a larger request (an integer >= 0; a traced one under jit). A call at batch 2 with
       row_offset 3 returns rows 3 and 4 of the same call at batch 8, bit for bit wherever a
@@ -193,6 +200,37 @@ def sample(
     positions; inside a caller's jit, check the info with `samplers.check_logits` and
     `arguments.check_filled`.
   """
+  if process == "uniform":
+    return _sample_uniform(
+      key,
+      denoise_fn,
+      batch_size=batch_size,
+      length=length,
+      prompt=prompt,
+      prompt_mask=prompt_mask,
+      refused=dict(
+        mask_id=(mask_id, None),
+        block_size=(None if block_size == length else block_size, None),
+        cache=(cache, "none"),
+        eos_id=(eos_id, None),
+        guidance_scale=(guidance_scale, 0.0),
+        record_trajectory=(record_trajectory, False),
+        block_offset=(block_offset, 0),
+        row_offset=(row_offset, 0),
+        time_grid_kind=(time_grid_kind, "uniform"),
+      ),
+      schedule=schedule,
+      method=method,
+      num_steps=num_steps,
+      temperature=float(temperature),
+      top_k=top_k,
+      top_p=top_p,
+      noise=noise,
+    )
+  if process != "masked":
+    raise ValueError(f"sample: unknown process {process!r}; valid: masked, uniform.")
+  if mask_id is None:
+    raise ValueError("sample: the masked process needs mask_id (== V, one past the vocabulary).")
   denoiser = as_denoiser(denoise_fn)
   block_size, num_blocks, window = arguments.check_blocks(
     length, block_size, context_length, block_offset
@@ -281,6 +319,15 @@ def sample(
   if not isinstance(info["nfe"], jax.core.Tracer):
     samplers.check_logits(info, method)
     arguments.check_filled(info)
+  return tokens, info
+
+
+def _sample_uniform(key, denoise_fn, **kwargs):
+  if isinstance(kwargs["schedule"], str):
+    kwargs["schedule"] = get_schedule(kwargs["schedule"])
+  tokens, info = uniform_state.sample(key, denoise_fn, **kwargs)
+  if not isinstance(info["nfe"], jax.core.Tracer):
+    samplers.check_logits(info, kwargs["method"])
   return tokens, info
 
 
