@@ -372,6 +372,10 @@ def _uniform_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, **kwargs
   if x.ndim != 2:
     raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
   chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
+  if kwargs["editable"] is not None:
+    chex.assert_shape(
+      kwargs["editable"], x.shape, custom_message="nelbo: editable must have x's shape [B, L]"
+    )
   logits = jax.eval_shape(denoise_fn, x, jnp.ones(x.shape[:1], jnp.float32))
   if logits.ndim != 3 or logits.shape[:2] != x.shape:
     raise ValueError(f"nelbo: the denoiser must return logits [B, L, V], got {logits.shape}.")
