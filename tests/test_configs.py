@@ -20,6 +20,7 @@ CONFIG_DIR = config_lib.CONFIG_DIR
 CONFIG_NAMES = (
   "default",
   "default:bd3",
+  "default:uniform",
   "tiny",
   "tiny_ar",
   "text8",

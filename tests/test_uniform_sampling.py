@@ -112,21 +112,8 @@ def test_greedy_tail_takes_the_most_probable_token_at_the_last_step(chain):
     calls.append((z, alpha))
     return oracle(z, alpha)
 
-  tokens, _ = md4jax.sample(
-    jax.random.PRNGKey(2),
-    recording,
-    batch_size=64,
-    length=LENGTH,
-    schedule="linear",
-    num_steps=8,
-    process="uniform",
-    method="greedy_tail",
-  )
-  ancestral, _ = _sample(language, 64, 8, key=2)
-  # A traced call records tracers: replay the last step's input from an eager run instead.
-  with jax.disable_jit():
-    calls.clear()
-    eager, _ = md4jax.sample(
+  def greedy():
+    return md4jax.sample(
       jax.random.PRNGKey(2),
       recording,
       batch_size=64,
@@ -135,7 +122,14 @@ def test_greedy_tail_takes_the_most_probable_token_at_the_last_step(chain):
       num_steps=8,
       process="uniform",
       method="greedy_tail",
-    )
+    )[0]
+
+  tokens = greedy()
+  ancestral, _ = _sample(language, 64, 8, key=2)
+  # A traced call records tracers: replay the last step's input from an eager run instead.
+  with jax.disable_jit():
+    calls.clear()
+    eager = greedy()
   last_z, last_alpha = calls[-1]
   np.testing.assert_array_equal(eager, tokens)
   np.testing.assert_array_equal(tokens, np.argmax(oracle(last_z, last_alpha), -1))

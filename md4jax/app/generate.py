@@ -148,9 +148,11 @@ def sampler_kwargs(config: ml_collections.ConfigDict, params, temperature=None) 
   """`sample`'s settings of config.sample but the decoding (`decoding`): a learned schedule is
   read from the params (concrete here), like the network."""
   cfg, run = config.sample, settings(config)
+  uniform = config.diffusion.process == "uniform"  # No mask id: every token is a clean one.
   return dict(
     schedule=objective.schedule_of(params, config),
-    mask_id=config.data.vocab_size,
+    mask_id=None if uniform else config.data.vocab_size,
+    process=config.diffusion.process,
     num_steps=cfg.num_steps,
     threshold=run["threshold"],
     guidance_scale=cfg.guidance_scale,
@@ -181,7 +183,12 @@ def generate(
   # Host arrays: with params spread over several processes, jit places them on every device.
   prompt = np.asarray(prompt_ids, np.int32) if len(prompt_ids) else None
   how = decoding(config, model, length, len(prompt_ids))
-  record_trajectory = record_trajectory and how["block_size"] is None and config.model.type == "mdm"
+  record_trajectory = (
+    record_trajectory
+    and how["block_size"] is None
+    and config.model.type == "mdm"
+    and config.diffusion.process == "masked"
+  )
   kwargs = dict(
     sampler_kwargs(config, params),
     **how,

@@ -42,6 +42,11 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError(
       f"post_train needs a masked diffusion model, not model.type={config.model.type!r}."
     )
+  if config.diffusion.process != "masked":
+    raise ValueError(
+      "post_train estimates log π with masked-process estimators; diffusion.process="
+      f"{config.diffusion.process!r} is not supported yet."
+    )
   if state_lib.block_size(config):
     raise ValueError(
       "post_train estimates log π of a whole-sequence masked diffusion model; block diffusion "

@@ -150,6 +150,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.tensor = 1  # Tensor parallel: attention heads and MLP width split.
 
   config.diffusion = ml_collections.ConfigDict()
+  config.diffusion.process = "masked"  # Corruption: "masked" (absorbing: a token becomes the mask id) or "uniform" (UDLM/DUO: redrawn uniformly over the vocabulary, and any token may change at any step; docs/math.md § 13): an mdm of one block, the standard estimator, sample.method ancestral, greedy_tail or canvas.
   config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK; learned (GenMD4): learned_tokenpoly (alpha_v = 1 - t^w_v, one w per token) or learned_poly (one shared w).
   config.diffusion.exponent_init = 1.0  # Learned schedules: initial exponent w (1 = linear).
   config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
@@ -235,6 +236,6 @@ def base_config() -> ml_collections.ConfigDict:
   config.sample.length = 0  # Tokens per sample; 0 = data.seq_len. Longer (mdm): generated block by block.
   config.sample.block_length = 0  # New tokens per window when length > seq_len (mdm); 0 = seq_len // 2. With sample.cache: the decoding block.
   config.sample.cache = "none"  # Fast-dLLM's approximate KV cache, "prefix" or "dual": decode block by block within the context (sample.block_length, dividing the length, or with sample.blocks_after_prompt the length after the prompt; time-free mdm); "none" = off.
-  config.sample.trajectory = True  # Write trajectory.html and .gif of the first sample (mdm without blocks, length <= seq_len).
+  config.sample.trajectory = True  # Write trajectory.html and .gif of the first sample (masked-process mdm without blocks, length <= seq_len).
   # fmt: on
   return _declared(config)

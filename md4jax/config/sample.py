@@ -61,6 +61,12 @@ def _validate_sample(config: ml_collections.ConfigDict):
     isinstance(sample.top_k, int) and sample.top_k >= 0,
     f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.",
   )
+  if config.diffusion.process == "uniform":  # Its samplers: diffusion.process's check.
+    check(
+      isinstance(sample.num_steps, int) and sample.num_steps >= 1,
+      f"sample.num_steps must be an integer >= 1, got {sample.num_steps!r}.",
+    )
+    return
   try:
     samplers.check_settings(
       schedule=_schedule(config),

@@ -22,9 +22,10 @@ from md4jax.config.values import (
   key_value,
   parse_list,
 )
-from md4jax.diffusion import bounds, genmd4, schedules
+from md4jax.diffusion import bounds, genmd4, schedules, uniform
 from md4jax.evaluation import likelihoods
 from md4jax.runtime import sharding
+from md4jax.sampling import uniform_state
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int, platform: str = "cpu"):
@@ -229,6 +230,56 @@ def _validate_diffusion(config: ml_collections.ConfigDict):
       ) from None
   check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
   _validate_blocks(config)
+  _validate_process(config)
+
+
+def _validate_process(config: ml_collections.ConfigDict):
+  """diffusion.process: the uniform process is an mdm of one block with its own bound and
+  samplers; each option of the masked process it lacks is named."""
+  check_choice(config.diffusion.process, "diffusion.process", uniform.PROCESSES)
+  if config.diffusion.process != "uniform":
+    return
+  only = {
+    "model.type": "mdm",
+    "model.time_input": "alpha",
+    "diffusion.endpoint_terms": "sampled",
+    "training.estimator": "standard",
+    "training.mask_rates": "",
+    "training.prompt_dropout": 0.0,
+    "eval.estimator": "standard",
+    "eval.likelihood": "nelbo",
+    "sample.cache": "none",
+    "sample.guidance_scale": 0.0,
+    "sample.blocks_after_prompt": False,
+    "sample.reveal_counts": "schedule",
+  }
+  for name, value in only.items():
+    check(
+      key_value(config, name) == value,
+      f"{name}={key_value(config, name)!r}: diffusion.process='uniform' takes {value!r} only "
+      "(that setting is the masked process's).",
+    )
+  check(
+    config.diffusion.schedule not in schedules.LEARNED_NAMES,
+    f"diffusion.schedule={config.diffusion.schedule!r}: GenMD4's learned schedules mask; "
+    "diffusion.process='uniform' takes a mask-rate schedule.",
+  )
+  check(
+    config.diffusion.block_size in (0, config.data.seq_len),
+    "diffusion.block_size: diffusion.process='uniform' has no block diffusion yet; set it to 0.",
+  )
+  check(
+    config.sample.length <= config.data.seq_len,
+    f"sample.length={config.sample.length}: diffusion.process='uniform' samples one block of at "
+    f"most data.seq_len={config.data.seq_len} tokens.",
+  )
+  for name in ("sample.method", "frontier.methods"):
+    methods = set(parse_list(key_value(config, name), str.strip))
+    check(
+      methods <= set(uniform_state.METHODS),
+      f"{name}={key_value(config, name)!r}: diffusion.process='uniform' samples with "
+      f"{', '.join(uniform_state.METHODS)}.",
+    )
 
 
 def _validate_blocks(config: ml_collections.ConfigDict):

@@ -10,15 +10,20 @@ Block diffusion (BD3-LM) on the same language, blocks of 16 tokens (any b dividi
 --config.diffusion.block_size=b; 1 is an autoregressive model):
 
   python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
+
+Uniform-state diffusion (UDLM, DUO: tokens redrawn uniformly instead of masked; docs/math.md
+§ 13) on the same language, with its own bound, estimator and sampler:
+
+  python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform
 """
 
 from md4jax import config as config_lib
 
 
 def get_config(variant: str = ""):
-  """variant "" is the masked diffusion LM; "bd3" block diffusion."""
-  if variant not in ("", "bd3"):
-    raise ValueError(f"Unknown default variant {variant!r}; valid: '' (mdm), 'bd3'.")
+  """variant "" is the masked diffusion LM; "bd3" block diffusion; "uniform" uniform-state."""
+  if variant not in ("", "bd3", "uniform"):
+    raise ValueError(f"Unknown default variant {variant!r}; valid: '' (mdm), 'bd3', 'uniform'.")
   config = config_lib.base_config()
   config.batch_size = 64
   # With b1 = 0.7, 1800 steps reach the mean gap (seeds 0-2) of 2000 steps at b1 = 0.9.
@@ -55,4 +60,10 @@ def get_config(variant: str = ""):
     config.diffusion.block_size = 16
     config.training.estimator = "standard"  # The two-stream pass scores every masked token.
     config.sample.num_steps = 16  # Per block.
+  if variant == "uniform":
+    config.diffusion.process = "uniform"
+    # Its one estimator; t = u² keeps its variance finite (md4jax.diffusion.uniform).
+    config.training.estimator = "standard"
+    config.eval.estimator = "standard"
+    config.frontier.methods = "ancestral"
   return config

@@ -26,7 +26,7 @@ import numpy as np
 
 from md4jax import rng
 from md4jax.data import sources
-from md4jax.diffusion import bounds, schedules
+from md4jax.diffusion import bounds, schedules, uniform
 from md4jax.evaluation import estimates, likelihoods
 from md4jax.runtime import sharding
 from md4jax.training import objective
@@ -35,7 +35,7 @@ from md4jax.training import objective
 def profile_nats(
   params, batch: dict, key, *, model, config: ml_collections.ConfigDict
 ) -> jax.Array:
-  """[B, bins]: w(t)·Σ masked CE of each row with t uniform in each of config.eval.profile_bins bins.
+  """[B, bins]: w(t)·Σ masked CE (the uniform process: its integrand) of each row with t uniform in each of config.eval.profile_bins bins.
 
   Bin b covers ((b)/bins, (b+1)/bins]; a row's mean over bins is a stratified
   draw of the schedule's part of the continuous bound (no endpoint terms).
@@ -48,6 +48,10 @@ def profile_nats(
   def one_bin(b):
     time_key, mask_key = jax.random.split(jax.random.fold_in(key, b))
     t = (b + 1 - jax.random.uniform(time_key, tokens.shape[:1])) / bins  # In (b/bins, (b+1)/bins].
+    if config.diffusion.process == "uniform":  # Its own integrand (docs/math.md § 13).
+      return uniform.continuous_loss_at(
+        mask_key, denoise_fn, tokens, schedule, t, editable=editable
+      )
     return bounds.continuous_loss_at(
       mask_key,
       denoise_fn,
@@ -77,7 +81,9 @@ def extra_bounds(config: ml_collections.ConfigDict) -> dict[str, tuple[str, Opti
   if config.model.type == "ar":
     return {}
   # A learned (state-dependent) schedule has one continuous bound, its own (md4jax.diffusion.genmd4).
-  estimators = ("standard",) if objective.is_learned(config) else ("standard", "mask_count")
+  # The uniform process has one estimator, the standard one.
+  one = objective.is_learned(config) or config.diffusion.process == "uniform"
+  estimators = ("standard",) if one else ("standard", "mask_count")
   bounds = {f"continuous/{name}": (name, None) for name in estimators}
   bounds.update(
     {f"T{steps}": (discrete_estimator(config), steps) for steps in discrete_steps(config)}

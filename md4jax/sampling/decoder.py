@@ -326,7 +326,7 @@ def _sample_uniform(key, denoise_fn, **kwargs):
   if isinstance(kwargs["schedule"], str):
     kwargs["schedule"] = get_schedule(kwargs["schedule"])
   tokens, info = uniform_state.sample(key, denoise_fn, **kwargs)
-  if not isinstance(info["nfe"], jax.core.Tracer):
+  if not isinstance(info["nonfinite_call"], jax.core.Tracer):
     samplers.check_logits(info, kwargs["method"])
   return tokens, info
 

@@ -1,0 +1,80 @@
+"""diffusion.process="uniform" from the CLI: configs/default.py:uniform trains, evaluates and
+samples; the masked process's options are one-line config errors."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from md4jax import config as config_lib
+from md4jax.app import post_train
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_the_uniform_default_trains_evaluates_and_samples(tmp_path):
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "md4jax.main",
+      "--config=configs/default.py:uniform",
+      f"--workdir={tmp_path}",
+      "--config.num_train_steps=30",
+      "--config.optimizer.warmup_steps=5",
+      "--config.eval_every_steps=30",
+      "--config.eval.num_sequences=64",
+      "--config.eval.num_mc_samples=2",
+      "--config.eval.discrete_steps=8",
+      "--config.sample.num_steps=8",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "exact entropy" in result.stdout and "standard" in result.stdout
+  evaluation = json.loads((tmp_path / "eval.json").read_text())
+  assert evaluation["estimator"] == "standard" and set(evaluation["discrete_time"]) == {"8"}
+  samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+  assert samples and all(len(record["tokens"]) == 64 for record in samples)
+  assert not (tmp_path / "trajectory.html").exists()  # A masked process's picture.
+
+
+def _uniform(**overrides):
+  config = config_lib.load_config("default:uniform")
+  for key, value in overrides.items():
+    section, leaf = key.split("__")
+    config[section][leaf] = value
+  return config
+
+
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
+    (dict(diffusion__process="absorbing"), "diffusion.process"),
+    (dict(sample__method="confidence"), r"sample.method='confidence': diffusion.process='uniform'"),
+    (dict(training__estimator="forced_target"), r"training.estimator='forced_target'"),
+    (dict(eval__estimator="mask_count"), r"eval.estimator='mask_count'"),
+    (dict(diffusion__block_size=16), "no block diffusion"),
+    (dict(diffusion__schedule="learned_poly", model__time_conditioning="adaln"), "learned"),
+    (dict(model__time_input="t"), r"model.time_input='t'"),
+    (dict(sample__cache="prefix"), r"sample.cache='prefix'"),
+    (dict(frontier__methods="ancestral,confidence"), "frontier.methods"),
+    (dict(training__prompt_dropout=0.1), "training.prompt_dropout"),
+  ],
+)
+def test_options_of_the_masked_process_are_one_line_errors(overrides, match):
+  with pytest.raises(ValueError, match=match) as error:
+    config_lib.validate_config(_uniform(**overrides), num_devices=1)
+  assert "\n" not in str(error.value)
+
+
+def test_post_training_a_uniform_model_is_refused():
+  config = _uniform()
+  config.post_train.init_from = "/some/workdir"
+  with pytest.raises(ValueError, match="diffusion.process='uniform' is not supported"):
+    post_train.check_run(config)
