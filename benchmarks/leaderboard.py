@@ -4,8 +4,10 @@ diversity columns from the same samples.
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default   # ~1.5 min
   python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
+  python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
-      --bd3_workdir=/tmp/md4jax_default_bd3 --output=docs/results/sampler_leaderboard.md
+      --bd3_workdir=/tmp/md4jax_default_bd3 --uniform_workdir=/tmp/md4jax_default_uniform \
+      --output=docs/results/sampler_leaderboard.md
 
 On the generated language of configs/default.py the true law is known. For each setting:
   * excess: mean −log2 p(sample) per token minus the true entropy, ± SE over samples. A
@@ -26,7 +28,8 @@ Fast-dLLM's approximate caches (cache prefix, dual) need a network's keys and va
 run with the trained network only; "none" is the exact block-wise decoding they approximate.
 Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of 16 tokens, each
 by a method of `sample`: with the oracle on the window, with the block-causal network through
-its exact KV cache.
+its exact KV cache. Uniform-state diffusion (--uniform_workdir, a trained configs/default.py:uniform
+run): its samplers from uniform noise, with the uniform process's exact posterior as the oracle.
 """
 
 import json
@@ -52,6 +55,11 @@ _OUTPUT = flags.DEFINE_string(
 )
 _BD3_WORKDIR = flags.DEFINE_string(
   "bd3_workdir", None, "A trained configs/default.py:bd3 run: block diffusion's rows (optional)."
+)
+_UNIFORM_WORKDIR = flags.DEFINE_string(
+  "uniform_workdir",
+  None,
+  "A trained configs/default.py:uniform run: uniform-state rows (optional).",
 )
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 256, "Samples per setting (one batch).")
 _REFERENCES = flags.DEFINE_integer(
@@ -147,6 +155,21 @@ BD3_SETTINGS = [
   ),
 ]
 
+# Uniform-state diffusion (configs/default.py:uniform): its samplers (md4jax.sampling.uniform_state).
+UNIFORM_SETTINGS = (
+  [
+    ("uniform-state", f"uniform ancestral T={t}", dict(method="ancestral", num_steps=t))
+    for t in (16, 64, 256)
+  ]
+  + [
+    ("uniform-state", f"uniform greedy_tail T={t}", dict(method="greedy_tail", num_steps=t))
+    for t in (16, 64)
+  ]
+  + [
+    ("uniform-state", f"uniform canvas T={t}", dict(method="canvas", num_steps=t)) for t in (16, 64)
+  ]
+)
+
 
 def _truth(language, length: int, n: int) -> tuple[np.ndarray, list]:
   """The true bigram frequencies π(a) T(a, b) (the chain is stationary) and batches of exact
@@ -159,7 +182,8 @@ def _truth(language, length: int, n: int) -> tuple[np.ndarray, list]:
 def _score(language, truth, denoise_fn, schedule, config, kwargs):
   """One setting's figures: its excess and diversity, NFE and seconds per sample."""
   length, vocab_size, n = config.data.seq_len, config.data.vocab_size, _NUM_SAMPLES.value
-  common = dict(batch_size=n, length=length, schedule=schedule, mask_id=vocab_size)
+  mask_id = None if kwargs.get("process") == "uniform" else vocab_size  # Uniform: no mask.
+  common = dict(batch_size=n, length=length, schedule=schedule, mask_id=mask_id)
   key = jax.random.PRNGKey(_SEED.value)
   run = jax.jit(lambda key: decoder.sample(key, denoise_fn, **common, **kwargs))
   compiled = run.lower(key).compile()
@@ -390,6 +414,19 @@ def main(argv):
       rows.append(row)
       print(json.dumps(row), flush=True)
     trained_step["bd3"] = bd3.step
+  if _UNIFORM_WORKDIR.value:
+    uniform = md4jax.load(_UNIFORM_WORKDIR.value, role="--uniform_workdir")
+    settings = [(f, label, dict(k, process="uniform")) for f, label, k in UNIFORM_SETTINGS]
+    rows += _rows(
+      settings,
+      language,
+      truth,
+      language.uniform_denoise_fn(),
+      uniform.denoise_fn,
+      uniform.schedule,
+      config,
+    )
+    trained_step["uniform"] = uniform.step
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     summary = {

@@ -113,6 +113,7 @@ def test_shifted_denoiser_at_step_0_is_the_ar_model():
 
 
 @pytest.mark.parametrize("step", [0, 5])
+@pytest.mark.slow
 def test_train_step_trains_under_the_annealed_attention(step):
   """train_step's loss is objective.sequence_nats of its own key and draws under the step's
   annealed pattern (at step 0 the causal one), not under full attention."""
@@ -268,6 +269,7 @@ def test_defaults_change_nothing():
   )
 
 
+@pytest.mark.slow
 def test_cli_adapts_an_ar_workdir(tmp_path):
   """The commands docs/adapt.md gives: an ar run, then configs/adapt.py on its workdir."""
   run = lambda *args: subprocess.run(

@@ -43,6 +43,7 @@ def _faults_per_call(mode):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator is Linux's")
+@pytest.mark.slow
 def test_reused_host_memory_stops_page_faults_of_fresh_temporaries():
   applied, faults = _faults_per_call("reuse")
   if applied != "True":
@@ -83,6 +84,7 @@ def _resident_after_free(megabytes):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator is Linux's")
+@pytest.mark.slow
 def test_blocks_from_2_gib_up_are_still_returned_to_the_kernel():
   # The heap keeps what it frees, but not the largest blocks: else 12 layers/768's temporaries
   # grew it past the machine's memory.

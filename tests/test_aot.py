@@ -26,6 +26,7 @@ def aot(*flags) -> dict:
   return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_text8_compiles_for_a_v5e_2x2_and_fits():
   report = aot("--config=configs/text8.py", "--topology=v5e:2x2")
   assert report["fits"] is True and report["device_kind"] == "TPU v5 lite" and report["chips"] == 4
@@ -59,6 +60,7 @@ def test_a_config_that_does_not_fit_says_so_and_exits_zero():
   assert "RESOURCE_EXHAUSTED" in report["compile_error"] and report["global_batch"] == 4194304
 
 
+@pytest.mark.slow
 def test_block_diffusion_counts_its_two_stream_forward():
   # default.py:bd3 trains on z_t ⊕ x (2L tokens): the compiled FLOPs match the 2L formula as the
   # MDM's match its L formula, and the sampler step is one block against the KV cache.
@@ -145,6 +147,7 @@ def test_the_dllm_presets_have_the_released_shapes_and_validate(
 
 
 @pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.slow
 def test_a_tiny_preset_reports_both_sampler_caches_and_its_train_step(name):
   flags = (f"--config=configs/{name}.py", "--topology=v5e:2x2", *TINY, *TINY_HEADS[name])
   dual = aot(*flags, *DUAL[name], "--programs=sampler,train", "--count_flops=false")

@@ -119,6 +119,7 @@ def _chaos(reference, workdir, interruptions, seed):
   return stops
 
 
+@pytest.mark.slow
 def test_kills_and_stops_resume_exactly(reference, tmp_path):
   interruptions = [(signal.SIGKILL, "save"), (signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)]
   assert _chaos(reference, tmp_path / "chaos", interruptions, seed=0) == 1

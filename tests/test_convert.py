@@ -256,6 +256,7 @@ def test_grouped_heads_serve_the_block_samplers_cache(num_kv_heads):
   np.testing.assert_allclose(jnp.concatenate([first, second], 1), whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cli_converts_then_trains_and_samples_text(tmp_path):
   """The commands docs/convert.md gives: the converted workdir trains and decodes text."""
   corpus = tmp_path / "corpus.txt"

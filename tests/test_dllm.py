@@ -298,6 +298,7 @@ THEIR_DECODING = {
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.slow
 def test_cli_converts_then_fine_tunes_and_chats(tmp_path, name):
   """docs/convert.md's walk-through on the golden folder: convert onto prompt/response pairs, SFT
   (only responses masked) resuming from step 0, evaluate, and sample a chat turn."""

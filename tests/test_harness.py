@@ -407,6 +407,7 @@ def evaluate(model, folder) -> dict:
   )
 
 
+@pytest.mark.slow
 def test_local_yaml_tasks_through_simple_evaluate(workdir, language, tmp_path):
   exact = write_tasks(tmp_path, language)
   se_path = tmp_path / "se.jsonl"

@@ -301,6 +301,7 @@ def test_starting_params_fold_a_lora_source_and_add_fresh_adapters():
   assert not lora.has_adapters(full)
 
 
+@pytest.mark.slow
 def test_lora_run_from_a_trained_workdir_trains_resumes_and_samples(tmp_path, capsys):
   """configs/workdir.py:BASE with training.init_from=BASE and model.lora_rank: a fresh LoRA run
   at the base's EMA, 2 steps, resumed to 4, then sampled (docs/lora.md)."""

@@ -160,6 +160,7 @@ def test_train_eval_sample(tmp_path):
   assert result.returncode != 0 and "Prompt ids must be in [0, 8)" in result.stderr
 
 
+@pytest.mark.slow
 def test_many_steps_between_logs_on_a_cpu_mesh(tmp_path):
   # 400 fast steps without a sync once queued dozens of steps, and XLA:CPU's all-reduce
   # between the 8 devices deadlocked (aborting the run after 40 s): train.MAX_STEPS_IN_FLIGHT.
@@ -178,6 +179,7 @@ def test_many_steps_between_logs_on_a_cpu_mesh(tmp_path):
   assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [400]
 
 
+@pytest.mark.slow
 def test_ar_twin_judges_diffusion_samples(tmp_path):
   judge, model = tmp_path / "ar", tmp_path / "mdm"
   run_cli(
@@ -244,6 +246,7 @@ def test_eval_without_checkpoint_fails(tmp_path):
 
 
 @pytest.mark.skipif(not TEXT8_DEV.is_file(), reason=f"text8 dev file not found at {TEXT8_DEV}")
+@pytest.mark.slow
 def test_text8_smoke(tmp_path):
   run_cli(
     tmp_path,

@@ -129,6 +129,7 @@ def _assert_same_run(reference, other):
   assert evaluation["num_sequences"] == evaluation_ref["num_sequences"] == 32
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_and_stop_together_and_resume(tmp_path):
   reference, workdir = tmp_path / "one_process", tmp_path / "two_processes"
   result = subprocess.run(

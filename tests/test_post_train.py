@@ -63,6 +63,7 @@ def _config(base, **overrides):
   return config
 
 
+@pytest.mark.slow
 def test_lora_post_training_moves_only_the_adapters(base, tmp_path):
   """model.lora_rank > 0: fresh adapters beside init_from's kernels, which stay bit for bit."""
   from md4jax.model import lora  # pylint: disable=g-import-not-at-top
@@ -145,6 +146,7 @@ def test_a_resumed_run_continues_exactly(base, tmp_path):
   assert (tmp_path / "whole" / "metrics.jsonl").read_text() == resumed.metrics_jsonl.read_text()
 
 
+@pytest.mark.slow
 def test_several_updates_a_rollout_all_train(base, tmp_path):
   """updates_per_rollout = 2: the schedule counts 2 optimizer updates a step, so the last steps
   still move the params (counted in steps, it would reach 0 halfway)."""
