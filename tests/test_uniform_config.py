@@ -59,12 +59,13 @@ def _uniform(**overrides):
     (dict(sample__method="confidence"), r"sample.method='confidence': diffusion.process='uniform'"),
     (dict(training__estimator="forced_target"), r"training.estimator='forced_target'"),
     (dict(eval__estimator="mask_count"), r"eval.estimator='mask_count'"),
-    (dict(diffusion__block_size=16), "no block diffusion"),
+    (dict(diffusion__block_size=16), "diffusion.block_size"),
     (dict(diffusion__schedule="learned_poly", model__time_conditioning="adaln"), "learned"),
     (dict(model__time_input="t"), r"model.time_input='t'"),
     (dict(sample__cache="prefix"), r"sample.cache='prefix'"),
     (dict(frontier__methods="ancestral,confidence"), "frontier.methods"),
     (dict(training__prompt_dropout=0.1), "training.prompt_dropout"),
+    (dict(model__time_conditioning="none"), "depends on the noise level"),
   ],
 )
 def test_options_of_the_masked_process_are_one_line_errors(overrides, match):

@@ -260,6 +260,11 @@ def _validate_process(config: ml_collections.ConfigDict):
       "(that setting is the masked process's).",
     )
   check(
+    config.model.time_conditioning != "none",
+    "model.time_conditioning='none': under diffusion.process='uniform' the posterior of a "
+    "token depends on the noise level, so the denoiser must read it (set 'adaln').",
+  )
+  check(
     config.diffusion.schedule not in schedules.LEARNED_NAMES,
     f"diffusion.schedule={config.diffusion.schedule!r}: GenMD4's learned schedules mask; "
     "diffusion.process='uniform' takes a mask-rate schedule.",

@@ -62,6 +62,8 @@ def get_config(variant: str = ""):
     config.sample.num_steps = 16  # Per block.
   if variant == "uniform":
     config.diffusion.process = "uniform"
+    # Its posterior depends on the noise level (a masked one does not): the network reads α.
+    config.model.time_conditioning = "adaln"
     # Its one estimator; t = u² keeps its variance finite (md4jax.diffusion.uniform).
     config.training.estimator = "standard"
     config.eval.estimator = "standard"
