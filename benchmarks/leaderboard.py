@@ -314,12 +314,12 @@ def _plot(rows, path):
         x, p[y], yerr=error, fmt="o", color=color, mfc=color if p["exact"] else "white", capsize=2
       )
     if y == "excess":
-      for p in sorted(_frontier(points), key=lambda p: p["nfe"]):
+      for i, p in enumerate(sorted(_frontier(points), key=lambda p: p["nfe"])):
         axis.annotate(
           p["label"],
           (p["nfe"] * spread[p["family"]], p["excess"]),
           fontsize=7,
-          xytext=(5, 8),
+          xytext=(5, 8 if i % 2 == 0 else -16),  # Neighbours on the frontier: above, below.
           textcoords="offset points",
           arrowprops={"arrowstyle": "-", "lw": 0.5},
         )

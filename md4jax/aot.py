@@ -187,9 +187,10 @@ def sampler_step(config, model, mesh):
         batch_size=config.eval.batch_size,
         length=config.data.seq_len,
         schedule=objective.schedule_of(params, config),
-        mask_id=config.data.vocab_size,
+        mask_id=None if config.diffusion.process == "uniform" else config.data.vocab_size,
         method="ancestral",
         num_steps=1,
+        process=config.diffusion.process,
       )
     return tokens
 

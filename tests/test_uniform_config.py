@@ -79,3 +79,27 @@ def test_post_training_a_uniform_model_is_refused():
   config.post_train.init_from = "/some/workdir"
   with pytest.raises(ValueError, match="diffusion.process='uniform' is not supported"):
     post_train.check_run(config)
+
+
+def test_the_uniform_default_compiles_for_a_tpu():
+  """md4jax.aot: its train step (the uniform bound) and a sampler step, on a v5e 2x2."""
+  pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install -e '.[tpu]'")
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "md4jax.aot",
+      "--config=configs/default.py:uniform",
+      "--topology=v5e:2x2",
+      "--programs=sampler,train",
+      "--count_flops=false",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout)
+  assert report["fits"] and report["train_step"]["bytes_per_chip"] > 0
+  assert report["sampler_step"]["fits"] and report["sampler_step"]["cache"] == "none"
