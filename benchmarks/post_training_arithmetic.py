@@ -118,7 +118,7 @@ def main(argv):
   post = _sft_config(root, _POST_STEPS.value)
   post.update(batch_size=16, log_every_steps=10, checkpoint_every_steps=_POST_STEPS.value)
   post.optimizer.update(
-    learning_rate=3e-4, warmup_steps=min(5, _POST_STEPS.value - 1), ema_decay=0.0
+    learning_rate=_LEARNING_RATE.value, warmup_steps=min(5, _POST_STEPS.value - 1), ema_decay=0.0
   )
   post.sample.update(method="confidence", num_steps=4, temperature=1.0)
   post.post_train.update(init_from=str(root / "sft"), reward="exact_match", algorithm="grpo")
