@@ -236,25 +236,77 @@ def test_prompt_positions_are_neither_noised_nor_scored():
   assert abs(gap.mean()) < 4 * gap.std(ddof=1) / np.sqrt(gap.size), gap.mean()
 
 
-def test_gradients_are_finite_at_the_time_endpoints():
+def _reference_integrand(probs, x, z, alpha, rate):
+  """Σ_i Σ_{v≠z_i} (β/V) ρ_x (r − 1 − log r), float64 NumPy, straight from the formulas."""
+  vocab_size = probs.shape[-1]
+  spread = (1.0 - alpha) / vocab_size
+  total = 0.0
+  for i in range(len(x)):
+    a = z[i]
+    for v in range(vocab_size):
+      if v == a:
+        continue
+      true = (alpha * (v == x[i]) + spread) / (alpha * (a == x[i]) + spread)
+      model = sum(
+        probs[i, y] * (alpha * (v == y) + spread) / (alpha * (a == y) + spread)
+        for y in range(vocab_size)
+      )
+      ratio = model / true
+      total += rate / vocab_size * true * (ratio - 1.0 - np.log(ratio))
+  return total
+
+
+@pytest.mark.parametrize("t", [1e-4, 0.01, 0.3, 0.9])
+def test_the_integrand_is_its_formula(t):
+  """Both branches of the float32 evaluation (small and large log ratios) against float64."""
+  rng = np.random.default_rng(0)
+  probs = rng.dirichlet(np.full(4, 0.5), size=6)
+  x, z = rng.integers(0, 4, 6), rng.integers(0, 4, 6)
+  z[:3] = x[:3]  # Clean positions and noised ones.
+  alpha = 1.0 - t
+  got = uniform.continuous_integrand(
+    jnp.log(jnp.asarray(probs, jnp.float32))[None],
+    jnp.asarray(x)[None],
+    jnp.asarray(z)[None],
+    jnp.array([alpha]),
+    jnp.array([t]),
+    jnp.array([1.0 / alpha]),
+  ).sum()
+  np.testing.assert_allclose(
+    float(got), _reference_integrand(probs, x, z, alpha, 1.0 / alpha), rtol=1e-4
+  )
+
+
+@pytest.mark.parametrize("schedule_name", ["linear", "poly2", "poly3"])
+def test_values_and_gradients_are_finite_down_to_the_smallest_time(schedule_name):
+  """At a GPT-2-sized vocabulary, t down to the smallest t = u² a float32 u can draw: finite
+  for a confident correct denoiser, one that copies its input, and one with mass on a wrong
+  token (the bound is huge there, but a number)."""
+  vocab_size = 50257
   x = jnp.array([[0, 1, 2, 1]])
+  schedule = schedules.get_schedule(schedule_name)
+  kinds = {
+    "correct": lambda scale, z: scale * jax.nn.one_hot(x, vocab_size),
+    "copies": lambda scale, z: scale * jax.nn.one_hot(z, vocab_size),
+    "wrong_mass": lambda scale, z: (
+      scale * jax.nn.one_hot(x, vocab_size) + 10.0 * jax.nn.one_hot(jnp.full_like(x, 7), vocab_size)
+    ),
+  }
+  for kind, logits in kinds.items():
 
-  def loss(scale, t):
-    def denoise(z_t, alpha_t):
-      return scale * jax.nn.one_hot(z_t, 3)
+    def loss(scale, t, logits=logits):
+      return uniform.continuous_loss_at(
+        jax.random.PRNGKey(0),
+        lambda z, alpha: logits(scale, z),
+        x,
+        schedule,
+        jnp.array([t]),
+        editable=jnp.ones_like(x, bool),
+      ).sum()
 
-    return uniform.continuous_loss_at(
-      jax.random.PRNGKey(0),
-      denoise,
-      x,
-      schedules.get_schedule("linear"),
-      jnp.array([t]),
-      editable=jnp.ones_like(x, bool),
-    ).sum()
-
-  for t in (1e-7, 0.5, 1.0):
-    value, grad = jax.value_and_grad(loss)(2.0, t)
-    assert np.isfinite(value) and np.isfinite(grad), (t, value, grad)
+    for t in (2.0**-48, 1e-9, 1e-7, 0.5, 1.0):
+      value, grad = jax.value_and_grad(loss)(20.0, t)
+      assert np.isfinite(value) and np.isfinite(grad), (kind, t, value, grad)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import md4jax
 from md4jax import config as config_lib
 from md4jax.app import post_train
 
@@ -42,6 +43,8 @@ def test_the_uniform_default_trains_evaluates_and_samples(tmp_path):
   samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
   assert samples and all(len(record["tokens"]) == 64 for record in samples)
   assert not (tmp_path / "trajectory.html").exists()  # A masked process's picture.
+  loaded = md4jax.load(tmp_path)
+  assert (loaded.process, loaded.mask_id) == ("uniform", None)
 
 
 def _uniform(**overrides):
@@ -66,12 +69,21 @@ def _uniform(**overrides):
     (dict(frontier__methods="ancestral,confidence"), "frontier.methods"),
     (dict(training__prompt_dropout=0.1), "training.prompt_dropout"),
     (dict(model__time_conditioning="none"), "depends on the noise level"),
+    (dict(sample__temperature=-1.0), "sample.temperature must be >= 0"),
+    (dict(sample__top_p=1.5), r"sample.top_p must be in \(0, 1\]"),
   ],
 )
 def test_options_of_the_masked_process_are_one_line_errors(overrides, match):
   with pytest.raises(ValueError, match=match) as error:
     config_lib.validate_config(_uniform(**overrides), num_devices=1)
   assert "\n" not in str(error.value)
+
+
+def test_its_own_samplers_validate_in_the_frontier():
+  config_lib.validate_config(
+    _uniform(frontier__methods="ancestral,greedy_tail,canvas", sample__method="canvas"),
+    num_devices=1,
+  )
 
 
 def test_post_training_a_uniform_model_is_refused():

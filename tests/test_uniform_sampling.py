@@ -187,6 +187,12 @@ def test_masked_only_options_are_refused_in_one_line(chain, kwargs, message):
     )
 
 
+def test_a_prompt_id_outside_the_vocabulary_is_refused(chain):
+  language, _, _ = chain
+  with pytest.raises(ValueError, match=r"prompt ids must be in \[0, 3\)"):
+    _sample(language, 2, 4, prompt=jnp.array([1, VOCAB]))
+
+
 def test_an_unknown_process_is_refused():
   with pytest.raises(ValueError, match="unknown process"):
     md4jax.sample(

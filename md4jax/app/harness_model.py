@@ -105,6 +105,11 @@ class Scorer:
 
   def __init__(self, loaded: Loaded, seed: int):
     self.loaded, config = loaded, loaded.config
+    if config.diffusion.process != "masked":
+      raise ValueError(
+        "lm_eval scores and decodes with the masked process's estimators and mask id; "
+        f"diffusion.process={config.diffusion.process!r} is not supported yet."
+      )
     likelihood, num_orders = likelihoods.parse_likelihood(config.eval.likelihood)
     is_ar = config.model.type == "ar"
     self.kind = "exact" if is_ar else "nelbo" if likelihood == "nelbo" else likelihood

@@ -65,8 +65,14 @@ class Loaded:
   path: Optional[pathlib.Path] = None
 
   @property
-  def mask_id(self) -> int:
-    return self.config.data.vocab_size
+  def mask_id(self) -> Optional[int]:
+    """V, one past the vocabulary; None for a uniform-state model, which has no mask."""
+    return None if self.process == "uniform" else self.config.data.vocab_size
+
+  @property
+  def process(self) -> str:
+    """config.diffusion.process: "masked", or "uniform" (sample and nelbo take it as process=)."""
+    return self.config.diffusion.process
 
   @property
   def schedule(self):

@@ -5,7 +5,7 @@ import ml_collections
 
 from md4jax.config.values import check, check_choice, check_list, key_value
 from md4jax.diffusion import schedules
-from md4jax.sampling import samplers
+from md4jax.sampling import samplers, uniform_state
 
 # sample.cache: Fast-dLLM's approximate caches (block diffusion and ar models take the exact one).
 CACHES = ("none", "prefix", "dual")
@@ -61,33 +61,35 @@ def _validate_sample(config: ml_collections.ConfigDict):
     isinstance(sample.top_k, int) and sample.top_k >= 0,
     f"sample.top_k must be an integer >= 0 (0: off), got {sample.top_k!r}.",
   )
-  if config.diffusion.process == "uniform":  # Its samplers: diffusion.process's check.
+  if config.diffusion.process == "uniform":  # Its methods: diffusion.process's check.
     check(
       isinstance(sample.num_steps, int) and sample.num_steps >= 1,
       f"sample.num_steps must be an integer >= 1, got {sample.num_steps!r}.",
     )
-    return
-  try:
-    samplers.check_settings(
-      schedule=_schedule(config),
-      method=sample.method,
-      num_steps=sample.num_steps,
-      threshold=sample.threshold if sample.method == "threshold" else None,
-      temperature=sample.temperature,
-      top_k=sample.top_k or None,
-      top_p=sample.top_p,
-      confidence=sample.confidence,
-      reveal_counts=sample.reveal_counts,
-      remask=sample.remask,
-      remask_eta=sample.remask_eta,
-      remask_loop=sample.remask_loop,
-      remask_loop_alpha=sample.remask_loop_alpha,
-      guidance_scale=sample.guidance_scale,
-      has_prompt=bool(sample.prompt),
-      name=lambda argument: f"sample.{argument}",
-    )
-  except ValueError as e:
-    raise ValueError(f"Invalid config: {e}") from None
+    check(sample.temperature >= 0, f"sample.temperature must be >= 0, got {sample.temperature}.")
+    check(0 < sample.top_p <= 1, f"sample.top_p must be in (0, 1], got {sample.top_p}.")
+  else:
+    try:
+      samplers.check_settings(
+        schedule=_schedule(config),
+        method=sample.method,
+        num_steps=sample.num_steps,
+        threshold=sample.threshold if sample.method == "threshold" else None,
+        temperature=sample.temperature,
+        top_k=sample.top_k or None,
+        top_p=sample.top_p,
+        confidence=sample.confidence,
+        reveal_counts=sample.reveal_counts,
+        remask=sample.remask,
+        remask_eta=sample.remask_eta,
+        remask_loop=sample.remask_loop,
+        remask_loop_alpha=sample.remask_loop_alpha,
+        guidance_scale=sample.guidance_scale,
+        has_prompt=bool(sample.prompt),
+        name=lambda argument: f"sample.{argument}",
+      )
+    except ValueError as e:
+      raise ValueError(f"Invalid config: {e}") from None
   check(
     sample.guidance_scale == 0 or model.type == "mdm",
     "sample.guidance_scale contrasts a masked diffusion model's prompt with the prompt masked; "
@@ -157,13 +159,14 @@ def _validate_cache(config: ml_collections.ConfigDict):
 def _validate_frontier(config: ml_collections.ConfigDict):
   """config.frontier's sweeps, and the sample counts standard errors are taken over."""
   model = config.model
+  valid = uniform_state.METHODS if config.diffusion.process == "uniform" else samplers.METHODS
   methods = check_list(
     config,
     "frontier.methods",
     str.strip,
     False,
-    lambda m: m in samplers.METHODS,
-    f"samplers (each one of {', '.join(samplers.METHODS)})",
+    lambda m: m in valid,
+    f"samplers (each one of {', '.join(valid)})",
   )
   for method in set(methods) & set(samplers.TIME_FREE_METHODS):
     check(

@@ -25,6 +25,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from md4jax.diffusion import masking, uniform
 from md4jax.diffusion.denoiser import Denoiser
@@ -143,7 +144,19 @@ def sample(
   given = jnp.zeros((batch_size, length), jnp.int32)
   editable = jnp.ones((batch_size, length), jnp.bool_)
   if prompt is not None:
+    if not isinstance(prompt, jax.core.Tracer):
+      vocab_size = jax.eval_shape(denoise_fn, given, jnp.ones((batch_size,), jnp.float32)).shape[-1]
+      ids = np.asarray(prompt)
+      if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+          f"sample: prompt ids must be in [0, {vocab_size}) (the uniform process has no mask id), "
+          f"got {ids.min()}..{ids.max()}."
+        )
     prompt = jnp.atleast_2d(jnp.asarray(prompt, jnp.int32))
+    if prompt.ndim != 2 or prompt.shape[0] not in (1, batch_size):
+      raise ValueError(
+        f"sample: prompt must be [P] or [batch_size={batch_size}, P], got {prompt.shape}."
+      )
     prompt = jnp.broadcast_to(prompt, (batch_size, prompt.shape[1]))
     width = prompt.shape[1]
     if width > length:
