@@ -35,7 +35,8 @@ from md4jax.training import objective
 def profile_nats(
   params, batch: dict, key, *, model, config: ml_collections.ConfigDict
 ) -> jax.Array:
-  """[B, bins]: w(t)·Σ masked CE (the uniform process: its integrand) of each row with t uniform in each of config.eval.profile_bins bins.
+  """[B, bins]: w(t)·Σ masked CE (the uniform process: its integrand, t = (b + u²)/bins weighted
+  by 2u) of each row with t uniform in each of config.eval.profile_bins bins.
 
   Bin b covers ((b)/bins, (b+1)/bins]; a row's mean over bins is a stratified
   draw of the schedule's part of the continuous bound (no endpoint terms).
@@ -47,10 +48,16 @@ def profile_nats(
 
   def one_bin(b):
     time_key, mask_key = jax.random.split(jax.random.fold_in(key, b))
-    t = (b + 1 - jax.random.uniform(time_key, tokens.shape[:1])) / bins  # In (b/bins, (b+1)/bins].
+    u = 1.0 - jax.random.uniform(time_key, tokens.shape[:1])  # In (0, 1].
+    t = (b + u) / bins  # In (b/bins, (b+1)/bins].
     if config.diffusion.process == "uniform":  # Its own integrand (docs/math.md § 13).
-      return uniform.continuous_loss_at(
-        mask_key, denoise_fn, tokens, schedule, t, editable=editable
+      # t = (b + u²)/bins weighted by 2u: the same bin mean, of finite variance in the first
+      # bin, where a uniform t's is not.
+      t = (b + u * u) / bins
+      return (
+        2.0
+        * u
+        * uniform.continuous_loss_at(mask_key, denoise_fn, tokens, schedule, t, editable=editable)
       )
     return bounds.continuous_loss_at(
       mask_key,
