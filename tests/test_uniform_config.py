@@ -15,28 +15,31 @@ from md4jax.app import post_train
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_the_uniform_default_trains_evaluates_and_samples(tmp_path):
+def _run(module: str, *flags) -> subprocess.CompletedProcess:
+  """python -m module --config=configs/default.py:uniform *flags, which must succeed."""
   result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "md4jax.main",
-      "--config=configs/default.py:uniform",
-      f"--workdir={tmp_path}",
-      "--config.num_train_steps=30",
-      "--config.optimizer.warmup_steps=5",
-      "--config.eval_every_steps=30",
-      "--config.eval.num_sequences=64",
-      "--config.eval.num_mc_samples=2",
-      "--config.eval.discrete_steps=8",
-      "--config.sample.num_steps=8",
-    ],
+    [sys.executable, "-m", module, "--config=configs/default.py:uniform", *flags],
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=600,
+    timeout=900,
   )
   assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def test_the_uniform_default_trains_evaluates_and_samples(tmp_path):
+  result = _run(
+    "md4jax.main",
+    f"--workdir={tmp_path}",
+    "--config.num_train_steps=30",
+    "--config.optimizer.warmup_steps=5",
+    "--config.eval_every_steps=30",
+    "--config.eval.num_sequences=64",
+    "--config.eval.num_mc_samples=2",
+    "--config.eval.discrete_steps=8",
+    "--config.sample.num_steps=8",
+  )
   assert "exact entropy" in result.stdout and "standard" in result.stdout
   evaluation = json.loads((tmp_path / "eval.json").read_text())
   assert evaluation["estimator"] == "standard" and set(evaluation["discrete_time"]) == {"8"}
@@ -96,22 +99,9 @@ def test_post_training_a_uniform_model_is_refused():
 def test_the_uniform_default_compiles_for_a_tpu():
   """md4jax.aot: its train step (the uniform bound) and a sampler step, on a v5e 2x2."""
   pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install -e '.[tpu]'")
-  result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "md4jax.aot",
-      "--config=configs/default.py:uniform",
-      "--topology=v5e:2x2",
-      "--programs=sampler,train",
-      "--count_flops=false",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=900,
+  result = _run(
+    "md4jax.aot", "--topology=v5e:2x2", "--programs=sampler,train", "--count_flops=false"
   )
-  assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout)
   assert report["fits"] and report["train_step"]["bytes_per_chip"] > 0
   assert report["sampler_step"]["fits"] and report["sampler_step"]["cache"] == "none"

@@ -173,7 +173,7 @@ def nelbo(
   if process not in uniform.PROCESSES:
     raise ValueError(f"Unknown process {process!r}; valid: {', '.join(uniform.PROCESSES)}.")
   if process == "uniform":
-    return _uniform_nelbo(
+    return uniform.checked_nelbo(
       key,
       denoise_fn,
       x,
@@ -349,39 +349,6 @@ def nelbo(
       **kwargs,
     )
   return total
-
-
-def _uniform_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, **kwargs):
-  """The uniform-state bound, after refusing the masked process's options (name: (given, only))."""
-  for name, (given, only) in refused.items():
-    if given != only:
-      raise ValueError(
-        f"nelbo: process='uniform' takes {name}={only!r} only (got {given!r}): that option is "
-        "the masked process's."
-      )
-  if schedule.state_dependent:
-    raise ValueError(
-      f"nelbo: process='uniform' takes a mask-rate schedule, not {schedule.name!r} (GenMD4's)."
-    )
-  if num_steps is not None and (
-    isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
-  ):
-    raise ValueError(
-      f"num_steps must be None (continuous time) or an integer >= 1, got {num_steps!r}."
-    )
-  if x.ndim != 2:
-    raise ValueError(f"x must be [batch, length], got shape {x.shape}.")
-  chex.assert_type(x, int, custom_message="nelbo: x must be integer token ids")
-  if kwargs["editable"] is not None:
-    chex.assert_shape(
-      kwargs["editable"], x.shape, custom_message="nelbo: editable must have x's shape [B, L]"
-    )
-  logits = jax.eval_shape(denoise_fn, x, jnp.ones(x.shape[:1], jnp.float32))
-  if logits.ndim != 3 or logits.shape[:2] != x.shape:
-    raise ValueError(f"nelbo: the denoiser must return logits [B, L, V], got {logits.shape}.")
-  return uniform.nelbo(
-    key, denoise_fn, x, schedule, vocab_size=logits.shape[-1], num_steps=num_steps, **kwargs
-  )
 
 
 def _block_nelbo(key, denoise_fn, x, schedule, block_size, *, mask_id, editable, draws, **kwargs):

@@ -204,21 +204,6 @@ def sequence_nats(
     inputs = ar_inputs(tokens, vocab_size, positions)
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
-  if config.diffusion.process == "uniform":
-    return bounds.nelbo(
-      key,
-      denoiser(model, params, batch, hidden, config=config, attention_mask=attention_mask),
-      tokens,
-      schedule_of(params, config),
-      process="uniform",
-      editable=editable,
-      estimator=estimator,
-      t_sampling=t_sampling,
-      num_steps=num_steps,
-      row_index=row_index,
-      num_rows=num_rows,
-      draws=draws,
-    )
   block_size = model.block_size or None
   if block_size and estimator == "standard" and num_steps is None:
     network, shown = network_params(params), _hide(hidden, vocab_size)
@@ -244,6 +229,7 @@ def sequence_nats(
     schedule_of(params, config),
     mask_id=vocab_size,
     editable=editable,
+    process=config.diffusion.process,
     estimator=estimator,
     t_sampling=t_sampling,
     num_steps=num_steps,
