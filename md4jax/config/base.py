@@ -142,6 +142,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.preset = fixed("none")  # "none" or "md4": sets every model choice above to MD4's text network, expanded when the config loads (md4jax.config.presets; docs/md4_parity.md).
   config.model.lora_rank = fixed(0)  # LoRA: rank r of an update W + (lora_alpha / r)·A·B on every attention and MLP projection, and only the adapters train (docs/lora.md); 0 = off, every param trains.
   config.model.lora_alpha = fixed(16.0)  # LoRA: the update is scaled by lora_alpha / lora_rank (PEFT's lora_alpha), > 0.
+  config.model.self_condition = fixed(False)  # mdm: self-conditioning (CDCD, DiffusionGemma): the network also reads an estimate of x_0 (half the training steps its own stop-gradient first pass; the bound reads it; uniform samplers pass each step's on), one block, no shift.
 
   # Device mesh (md4jax.runtime.sharding): data × fsdp × tensor = the device count; one may be -1 (the rest).
   config.mesh = ml_collections.ConfigDict()

@@ -231,6 +231,41 @@ def _validate_diffusion(config: ml_collections.ConfigDict):
   check_choice(diff.endpoint_terms, "diffusion.endpoint_terms", bounds.ENDPOINT_TERMS)
   _validate_blocks(config)
   _validate_process(config)
+  _validate_self_condition(config)
+
+
+def _validate_self_condition(config: ml_collections.ConfigDict):
+  """model.self_condition: a second pass reading the first's estimate, of one unshifted stream."""
+  model = config.model
+  check(
+    isinstance(model.self_condition, bool),
+    f"model.self_condition must be true or false, got {model.self_condition!r}.",
+  )
+  if not model.self_condition:
+    return
+  refused = {
+    "model.type": (model.type, "mdm"),
+    "model.shifted_prediction": (model.shifted_prediction, False),
+    "model.shift_logits": (model.shift_logits, False),
+    "eval.likelihood": (config.eval.likelihood, "nelbo"),
+    "sample.cache": (config.sample.cache, "none"),
+  }
+  for name, (value, wanted) in refused.items():
+    check(
+      value == wanted,
+      f"model.self_condition needs {name}={wanted!r}, got {value!r}: a self-conditioned network "
+      "reads its estimate of x_0 in one unshifted stream of one block, without a KV cache.",
+    )
+  check(
+    config.diffusion.block_size in (0, config.data.seq_len),
+    f"model.self_condition needs diffusion.block_size=0, got {config.diffusion.block_size}: "
+    "block diffusion's two-stream pass reads no estimate of x_0.",
+  )
+  check(
+    config.diffusion.schedule not in schedules.LEARNED_NAMES,
+    f"model.self_condition takes a mask-rate schedule, not the learned "
+    f"{config.diffusion.schedule!r}.",
+  )
 
 
 def _validate_process(config: ml_collections.ConfigDict):

@@ -11,6 +11,11 @@ arguments instead, so a jitted caller compiles once per shape and setting:
 The apply function (and a network) is compared by equality when jit looks up its cache: a
 module-level function, a Flax module or a frozen dataclass, not a lambda made anew per call.
 
+A self-conditioned network (model.self_condition) also reads an estimate of x_0: called as
+denoise_fn(z, time, previous=probabilities [B, L, V]) by a sampler that passes its last step's
+estimate on; called without one, it reads none (passes=1: a training step's first pass) or its
+own first call's estimate of the same z (passes=2: the bound's and the masked samplers' model).
+
 A network denoiser also gives the block decoder (`md4jax.sampling.decoder`) what its KV caches
 need: `block_call` runs the network on one block that reads cached keys and values, and
 `cache_layout` their shapes.
@@ -67,9 +72,15 @@ class _Plain:
 
   denoise_fn: Callable
 
-  def __call__(self, params, z, time):
+  def __call__(self, params, z, time, previous=None):
     del params
-    return self.denoise_fn(z, time)
+    if previous is None:
+      return self.denoise_fn(z, time)
+    return self.denoise_fn(z, time, previous=previous)
+
+  @property
+  def self_condition(self) -> bool:
+    return bool(getattr(self.denoise_fn, "self_condition", False))
 
 
 def shifted_inputs(tokens: Array, bos_id: int, positions: Optional[Array] = None) -> Array:
@@ -104,25 +115,49 @@ class Denoiser:
   inputs: Optional[dict] = None  # Leaves: {"segment_ids", "positions"} [B, L], or None.
   shift_id: Optional[int] = None  # Static.
   time_of: Optional[Callable] = None  # Static.
+  # A self-conditioned network's calls without an estimate: 1 reads none (zeros), 2 reads its own
+  # first call's estimate of the same z (`self_conditioned`). Static.
+  passes: int = 1
 
   def __post_init__(self):
     if (self.apply_fn is None) == (self.network is None):
       raise ValueError("Denoiser takes an apply_fn or a network, exactly one of them.")
+    if self.passes not in (1, 2):
+      raise ValueError(f"Denoiser passes must be 1 or 2, got {self.passes!r}.")
 
   @classmethod
-  def of_network(cls, network, params, *, shift_id=None, time_of=None, inputs=None) -> "Denoiser":
+  def of_network(
+    cls, network, params, *, shift_id=None, time_of=None, inputs=None, passes=1
+  ) -> "Denoiser":
     """The denoiser of a Transformer (or any module with its apply signature) and its params."""
-    return cls(None, params, network, inputs, shift_id, time_of)
+    return cls(None, params, network, inputs, shift_id, time_of, passes)
 
-  def __call__(self, z: Array, time: Array) -> Array:
+  @property
+  def self_conditioned(self) -> bool:
+    """Whether the network also reads an estimate of x_0 (model.self_condition): called as
+    denoise_fn(z, time, previous=probabilities [B, L, V])."""
+    model = self.apply_fn if self.network is None else self.network
+    return bool(getattr(model, "self_condition", False))
+
+  def __call__(self, z: Array, time: Array, previous: Optional[Array] = None) -> Array:
+    if previous is None and self.passes == 2 and self.self_conditioned:
+      previous = jax.lax.stop_gradient(estimate(self._call(z, time, None)))
+    return self._call(z, time, previous)
+
+  def _call(self, z, time, previous):
+    if previous is not None and not self.self_conditioned:
+      raise ValueError("denoise_fn: previous (an estimate of x_0) needs a self-conditioned model.")
     if self.network is None:
-      return self.apply_fn(self.params, z, time)
+      if previous is None:
+        return self.apply_fn(self.params, z, time)
+      return self.apply_fn(self.params, z, time, previous)
+    extra = {} if previous is None else {"previous": previous}
     inputs = self.inputs or {}
     segments = _rows_of(inputs.get("segment_ids"), z.shape[0])
     positions = _rows_of(inputs.get("positions"), z.shape[0])
     tokens = z if self.shift_id is None else shifted_inputs(z, self.shift_id, positions)
     time = time if self.time_of is None else self.time_of(time)
-    return self.network.apply({"params": self.params}, tokens, time, segments, positions)
+    return self.network.apply({"params": self.params}, tokens, time, segments, positions, **extra)
 
   @property
   def shifts_logits(self) -> bool:
@@ -137,6 +172,8 @@ class Denoiser:
     if not caches_keys_and_values(self.network) or self.inputs is not None:
       return None
     if self.shifts_logits:  # Reads the position before the block.
+      return None
+    if self.self_conditioned:  # A block call reads no estimate.
       return None
     net = self.network
     return CacheLayout(
@@ -160,8 +197,18 @@ class Denoiser:
 jax.tree_util.register_dataclass(
   Denoiser,
   data_fields=["params", "inputs"],
-  meta_fields=["apply_fn", "network", "shift_id", "time_of"],
+  meta_fields=["apply_fn", "network", "shift_id", "time_of", "passes"],
 )
+
+
+def estimate(logits: Array) -> Array:
+  """A self-conditioned network's input: the probabilities of its estimate of x_0, float32."""
+  return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def self_conditioned(denoise_fn) -> bool:
+  """Whether denoise_fn reads an estimate of x_0 (a `Denoiser` of a self-conditioned network)."""
+  return isinstance(denoise_fn, Denoiser) and denoise_fn.self_conditioned
 
 
 def as_denoiser(denoise_fn) -> Denoiser:

@@ -107,6 +107,10 @@ class Transformer(nn.Module):
   # MLP projection, B zeros at init (the base network exactly); 0 = none.
   lora_rank: int = 0
   lora_alpha: float = lora.DEFAULT_ALPHA  # The LoRA update's scale is lora_alpha / lora_rank (> 0).
+  # Self-conditioning (Analog Bits, CDCD): a call also reads `previous`, an earlier estimate of
+  # x_0 [B, L, V], through the embedding of its expected token and a zero-initialized
+  # projection (at init, and for previous = zeros, the network without it).
+  self_condition: bool = False
 
   def _check_config(self, alpha):
     check_network(
@@ -202,6 +206,28 @@ class Transformer(nn.Module):
     )
     return x if cache is None else (x, new_kv)
 
+  def _estimate_embedding(self, previous, embed, shape, embed_dim):
+    """The embedding of previous's expected token, projected by a zero-initialized matrix (0 for
+    previous None)."""
+    if previous is None:
+      estimate = jnp.zeros((*shape, embed_dim), self.dtype)
+    else:
+      previous = jnp.asarray(previous)
+      if previous.shape != (*shape, self.vocab_size):
+        raise ValueError(
+          f"previous must be [B, L, V]={(*shape, self.vocab_size)}, got {previous.shape}"
+        )
+      table = embed.embedding[: self.vocab_size].astype(self.dtype)
+      estimate = jnp.einsum("blv,vd->bld", previous.astype(self.dtype), table)
+    return nn.Dense(
+      embed_dim,
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=jnp.float32,
+      kernel_init=logical_init(nn.initializers.zeros, (None, None)),
+      name="self_condition",
+    )(estimate)
+
   @nn.compact
   def __call__(
     self,
@@ -212,6 +238,7 @@ class Transformer(nn.Module):
     clean=None,
     cache=None,
     attention_mask=None,
+    previous=None,
   ):
     """tokens [B, L] int32; alpha [B] float or None: the time value per sequence, alpha(t) or t
     (`md4jax.training.objective.denoiser` passes what config.model.time_input names).
@@ -230,6 +257,8 @@ class Transformer(nn.Module):
     attention_mask [L, L] or [B, L, L] bool or None: where query i may read key j besides
     what segment_ids allow (the caller's pattern, e.g. an annealed causal mask,
     `md4jax.training.adaptation`); not with clean, cache or the splash kernel.
+    previous [B, L, V] float or None (self_condition only): the probabilities of an earlier
+    estimate of x_0 per position; zeros or None: no estimate.
     """
     self._check_config(alpha)
     chex.assert_rank(tokens, 2, custom_message="Transformer: tokens must be [B, L]")
@@ -308,6 +337,12 @@ class Transformer(nn.Module):
       name="embed",
     )
     x = embed(tokens)
+    if previous is not None and not self.self_condition:
+      raise ValueError("previous (an estimate of x_0) needs a network with self_condition=True")
+    if self.self_condition:
+      if clean is not None:
+        raise ValueError("self_condition reads one stream: not with clean (block diffusion)")
+      x = x + self._estimate_embedding(previous, embed, tokens.shape, embed_dim)
     if self.embed_dim:  # A narrow embedding projected to the width (MD4's 64-d tokens).
       x = dense(self.model_dim, (None, "embed"), "embed_proj")(x)
     x = constrain(x, HIDDEN)

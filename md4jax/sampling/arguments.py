@@ -232,6 +232,11 @@ def check_cache(cache: str, denoiser: Denoiser, block_size: int, plan_window: in
       f"sample: cache={cache!r} runs each block alone, but the network's shift_logits (Dream's "
       "shift) takes a block's first logits from the position before it; use cache='none'."
     )
+  if denoiser.self_conditioned:
+    raise ValueError(
+      f"sample: cache={cache!r}: a self-conditioned network reads its estimate of x_0 in every "
+      "call, which a cached block call does not pass; use cache='none'."
+    )
   layout = denoiser.cache_layout
   if layout is None:
     raise ValueError(

@@ -14,6 +14,9 @@ t_i = i/T, from i = T down to 1, each step calls denoise_fn(z, α(t_i)) once:
                most confident editable positions (probability of the token drawn) at x̂ and
                redraws the others uniformly; at s = 0 everything is kept.
 
+A self-conditioned denoiser (model.self_condition) reads each call's estimate of x_0 (its
+softmax) at the next call, none at the first: one network call per step.
+
 A schedule with α(0) < 1 ends with one more call at α(0) whose μ is drawn (greedy_tail: its
 argmax). Temperature, top-k and top-p filter μ. Draws are per row (a row's tokens depend on its
 key only) with float64-accurate Gumbel noise.
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from md4jax.diffusion import masking, uniform
-from md4jax.diffusion.denoiser import Denoiser
+from md4jax.diffusion.denoiser import Denoiser, estimate, self_conditioned
 from md4jax.sampling import categorical, steps
 
 METHODS = ("ancestral", "greedy_tail", "canvas")
@@ -64,9 +67,12 @@ def run(
   given = given.astype(jnp.int32)
   z = jnp.where(editable, uniform.uniform_tokens(init_key, given.shape, vocab_size), given)
 
-  def call(z, t, index, first_bad):
+  carries = self_conditioned(denoise_fn)  # Passes each call's estimate of x_0 to the next.
+  previous = jnp.zeros((batch, length, vocab_size), jnp.float32) if carries else None
+
+  def call(z, t, index, first_bad, previous):
     alpha = jnp.full((batch,), schedule.alpha(t), jnp.float32)
-    logits = denoise_fn(z, alpha)
+    logits = denoise_fn(z, alpha, previous) if carries else denoise_fn(z, alpha)
     bad = steps.nonfinite_rows(logits, jnp.where(editable, -1, z), -1)
     filtered = categorical.filter_logits(
       logits.astype(jnp.float32), temperature=temperature, top_k=top_k, top_p=top_p
@@ -74,16 +80,17 @@ def run(
     if temperature == 0:  # Greedy: μ is the most probable token.
       top = jax.nn.one_hot(jnp.argmax(filtered, -1), filtered.shape[-1], dtype=jnp.bool_)
       filtered = jnp.where(top, 0.0, -jnp.inf)
-    return alpha, filtered, steps.first_bad_call(first_bad, index, bad)
+    previous = estimate(logits) if carries else None
+    return alpha, filtered, steps.first_bad_call(first_bad, index, bad), previous
 
   def draw(step_key, log_weights):
     return categorical.sample_categorical(step_key, log_weights, noise=noise)
 
   def step(i, carry):
-    z, first_bad = carry
+    z, first_bad, previous = carry
     t = (num_steps - i) / num_steps
     s = (num_steps - i - 1) / num_steps
-    alpha_t, filtered, first_bad = call(z, t, i, first_bad)
+    alpha_t, filtered, first_bad, previous = call(z, t, i, first_bad, previous)
     alpha_s = jnp.full((batch,), schedule.alpha(s), jnp.float32)
     keys = jax.vmap(jax.random.fold_in, (0, None))(loop_key, i)
     probs = jax.nn.softmax(filtered, axis=-1)
@@ -99,11 +106,11 @@ def run(
       new = draw(keys, jnp.log(uniform.reverse_probs(probs, z, alpha_t, alpha_s)))
       if method == "greedy_tail" and not schedule.needs_reconstruction_term:
         new = jnp.where(i == num_steps - 1, jnp.argmax(filtered, -1).astype(jnp.int32), new)
-    return jnp.where(editable, new, z), first_bad
+    return jnp.where(editable, new, z), first_bad, previous
 
-  z, first_bad = jax.lax.fori_loop(0, num_steps, step, (z, jnp.int32(-1)))
+  z, first_bad, previous = jax.lax.fori_loop(0, num_steps, step, (z, jnp.int32(-1), previous))
   if schedule.needs_reconstruction_term:  # The last step reached α(0) < 1: read x off μ.
-    _, filtered, first_bad = call(z, 0.0, num_steps, first_bad)
+    _, filtered, first_bad, _ = call(z, 0.0, num_steps, first_bad, previous)
     final = jnp.argmax(filtered, -1) if method == "greedy_tail" else draw(end_key, filtered)
     z = jnp.where(editable, final.astype(jnp.int32), z)
   return z, {"nfe": jnp.int32(max_calls(num_steps, schedule)), "nonfinite_call": first_bad}

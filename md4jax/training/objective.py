@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from md4jax.diffusion import blocks, bounds, schedules
-from md4jax.diffusion.denoiser import Denoiser, shifted_inputs
+from md4jax.diffusion.denoiser import Denoiser, estimate, shifted_inputs
 
 
 def ar_inputs(tokens: jax.Array, bos_id: int, positions: Optional[jax.Array] = None) -> jax.Array:
@@ -90,12 +90,15 @@ def denoiser(
   *,
   config: ml_collections.ConfigDict,
   attention_mask: Optional[jax.Array] = None,
+  self_condition_key: Optional[jax.Array] = None,
 ):
   """denoise_fn(z_t, time) -> logits of the mdm model on the batch's documents, the time value
   passed to the network as it is: α(t), or t for config.model.time_input = "t" (the bounds
   call it so, `bounds.nelbo`'s time_input) and for a state-dependent schedule. hidden [B, L]:
   positions the network sees masked (a dropped prompt, `training_loss`). attention_mask [L, L]:
-  the network's extra attention pattern (training's annealed one, `adaptation`)."""
+  the network's extra attention pattern (training's annealed one, `adaptation`). A
+  self-conditioned network (model.self_condition) reads its own first call's estimate of x_0
+  (`_self_conditioned`; self_condition_key: a training step's coin)."""
   segments, positions = batch["segment_ids"], batch["positions"]
   network = network_params(params)
   shown = _hide(hidden, model.vocab_size)
@@ -103,8 +106,30 @@ def denoiser(
   # Only a pattern is passed on: any model with apply(variables, z, time, segments, positions)
   # serves (the exact oracle too).
   extra = {} if attention_mask is None else {"attention_mask": attention_mask}
-  return lambda z_t, time: model.apply(
-    {"params": network}, read(shown(z_t)), time, segments, positions, **extra
+
+  def call(z_t, time, previous=None):
+    estimate = {} if previous is None else {"previous": previous}
+    return model.apply(
+      {"params": network}, read(shown(z_t)), time, segments, positions, **extra, **estimate
+    )
+
+  if not getattr(model, "self_condition", False):
+    return lambda z_t, time: call(z_t, time)
+  return _self_conditioned(call, self_condition_key)
+
+
+def _self_conditioned(call, key):
+  """denoise_fn(z_t, time) of a self-conditioned network: a second call that reads the first's
+  estimate of x_0 (stop-gradient). With key (a training step), on half the steps (one coin per
+  step, as Analog Bits and CDCD train) the one call reads no estimate instead."""
+
+  def with_estimate(z_t, time):
+    return call(z_t, time, jax.lax.stop_gradient(estimate(call(z_t, time))))
+
+  if key is None:
+    return with_estimate
+  return lambda z_t, time: jax.lax.cond(
+    jax.random.bernoulli(key), with_estimate, lambda z, t: call(z, t), z_t, time
   )
 
 
@@ -153,7 +178,8 @@ def sampling_denoiser(
   a network conditioned on t (config.model.time_input = "t") gets schedule.time_of(α), t to
   within the rounding of α; an ar model and a shifted mdm read [BOS, z_0, ..., z_{L-2}].
   segment_ids and positions [B, L] (as in a batch): rows that end in padding, which the real
-  tokens never attend to."""
+  tokens never attend to. A self-conditioned network reads its own first call's estimate of
+  the same z unless the sampler passes one (passes=2)."""
   schedule = schedule_of(params, config)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
   shifted = config.model.type == "ar" or config.model.shifted_prediction
@@ -166,6 +192,7 @@ def sampling_denoiser(
     shift_id=config.data.vocab_size if shifted else None,
     time_of=None if time_input == "alpha" else schedule.time_of,
     inputs=inputs,
+    passes=2 if config.model.self_condition else 1,
   )
 
 
@@ -185,6 +212,7 @@ def sequence_nats(
   hidden: Optional[jax.Array] = None,
   mask_rates: Optional[tuple] = None,
   attention_mask: Optional[jax.Array] = None,
+  self_condition_key: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Per-row loss in nats [B] over the editable tokens: a NELBO draw (mdm) or the exact NLL (ar).
 
@@ -194,6 +222,7 @@ def sequence_nats(
   given times and masks instead of drawing them (`bounds.nelbo`). hidden [B, L] (mdm): non-editable
   positions the network sees masked. mask_rates (β, ω): BD3-LM's clipped schedule
   (`bounds.nelbo`). attention_mask [L, L] (mdm): the network's extra attention pattern.
+  self_condition_key: a training step's coin of a self-conditioned network (`denoiser`).
   """
   tokens, segments, positions = batch["tokens"], batch["segment_ids"], batch["positions"]
   editable = batch["editable"].astype(bool)
@@ -222,9 +251,18 @@ def sequence_nats(
       block_draws=draws,
       mask_rates=mask_rates,
     )
+  denoise_fn = denoiser(
+    model,
+    params,
+    batch,
+    hidden,
+    config=config,
+    attention_mask=attention_mask,
+    self_condition_key=self_condition_key,
+  )
   return bounds.nelbo(
     key,
-    denoiser(model, params, batch, hidden, config=config, attention_mask=attention_mask),
+    denoise_fn,
     tokens,
     schedule_of(params, config),
     mask_id=vocab_size,
@@ -260,11 +298,15 @@ def training_loss(
   first also carries the score-function gradient of its exponents (`md4jax.diffusion.genmd4`).
   draws: replayed times and masks (`sequence_nats`). With training.prompt_dropout p, each row's
   prompt is hidden from the network with probability p (`dropped_prompts`). attention_mask
-  [L, L]: the network's extra attention pattern (`adaptation.annealed_attention`)."""
+  [L, L]: the network's extra attention pattern (`adaptation.annealed_attention`). A
+  self-conditioned network reads its first pass's estimate on half the steps (`denoiser`)."""
   hidden = None
   if config.training.prompt_dropout > 0:
     key, dropout_key = jax.random.split(key)
     hidden = dropped_prompts(batch, dropout_key, config.training.prompt_dropout, row_index)
+  self_condition_key = None
+  if config.model.self_condition:
+    key, self_condition_key = jax.random.split(key)
   if not is_learned(config) or config.model.type == "ar":
     nats = sequence_nats(
       params,
@@ -280,6 +322,7 @@ def training_loss(
       hidden=hidden,
       mask_rates=training_mask_rates(config),
       attention_mask=attention_mask,
+      self_condition_key=self_condition_key,
     )
     return nats, nats
   if draws is not None:

@@ -69,6 +69,7 @@ def build_model(config: ml_collections.ConfigDict) -> model_lib.Transformer:
     shift_logits=m.shift_logits,
     lora_rank=m.lora_rank,
     lora_alpha=m.lora_alpha,
+    self_condition=m.self_condition,
   )
 
 
