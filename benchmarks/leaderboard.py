@@ -5,8 +5,20 @@ diversity columns from the same samples.
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default   # ~1.5 min
   python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
   python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform
+  python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default_sc \
+      --config.model.self_condition=True
+  python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform_sc \
+      --config.model.self_condition=True
+  python -m md4jax.main --config=configs/distill.py --mode=distill --workdir=/tmp/md4jax_student \
+      --config.distill.init_from=/tmp/md4jax_default
+  python -m md4jax.main --config=configs/distill.py --mode=distill \
+      --workdir=/tmp/md4jax_oracle_student --config.distill.init_from=/tmp/md4jax_default \
+      --config.distill.teacher=oracle
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
       --bd3_workdir=/tmp/md4jax_default_bd3 --uniform_workdir=/tmp/md4jax_default_uniform \
+      --self_conditioned_workdir=/tmp/md4jax_default_sc \
+      --uniform_self_conditioned_workdir=/tmp/md4jax_default_uniform_sc \
+      --student_workdir=/tmp/md4jax_student --oracle_student_workdir=/tmp/md4jax_oracle_student \
       --output=docs/results/sampler_leaderboard.md
 
 On the generated language of configs/default.py the true law is known. For each setting:
@@ -30,6 +42,9 @@ Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of
 by a method of `sample`: with the oracle on the window, with the block-causal network through
 its exact KV cache. Uniform-state diffusion (--uniform_workdir, a trained configs/default.py:uniform
 run): its samplers from uniform noise, with the uniform process's exact posterior as the oracle.
+Self-conditioned networks (masked and uniform) and SDTT's few-step students (from the default
+network, or from the oracle as the first teacher) add rows of the trained network only: their
+samplers' oracle rows are the plain ones above.
 """
 
 import json
@@ -61,6 +76,26 @@ _UNIFORM_WORKDIR = flags.DEFINE_string(
   None,
   "A trained configs/default.py:uniform run: uniform-state rows (optional).",
 )
+_SELF_CONDITIONED_WORKDIR = flags.DEFINE_string(
+  "self_conditioned_workdir",
+  None,
+  "A trained configs/default.py run with --config.model.self_condition=True (optional).",
+)
+_UNIFORM_SELF_CONDITIONED_WORKDIR = flags.DEFINE_string(
+  "uniform_self_conditioned_workdir",
+  None,
+  "A trained configs/default.py:uniform run with --config.model.self_condition=True (optional).",
+)
+_STUDENT_WORKDIR = flags.DEFINE_string(
+  "student_workdir",
+  None,
+  "A configs/distill.py run (--mode=distill) from --workdir: SDTT student rows (optional).",
+)
+_ORACLE_STUDENT_WORKDIR = flags.DEFINE_string(
+  "oracle_student_workdir",
+  None,
+  "A configs/distill.py run with --config.distill.teacher=oracle: its student's rows (optional).",
+)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 256, "Samples per setting (one batch).")
 _REFERENCES = flags.DEFINE_integer(
   "references", 32, "Batches of exact samples the diversity columns are measured against."
@@ -73,7 +108,10 @@ SIGNIFICANCE = 2.0  # A column is exact when it is within this many SE of 0.
 
 # (family, label, sample() keyword arguments): every sampler at a few budgets.
 SETTINGS = (
-  [("ancestral", f"ancestral T={t}", dict(method="ancestral", num_steps=t)) for t in (16, 64, 256)]
+  [
+    ("ancestral", f"ancestral T={t}", dict(method="ancestral", num_steps=t))
+    for t in (4, 8, 16, 64, 256)
+  ]
   + [("ancestral", "ancestral T=1000", dict(method="ancestral", num_steps=1000))]
   + [("jump", f"jump T={t}", dict(method="jump", num_steps=t)) for t in (16, 64, 1000)]
   + [("first_hitting", "first_hitting", dict(method="first_hitting"))]
@@ -169,6 +207,27 @@ UNIFORM_SETTINGS = (
     ("uniform-state", f"uniform canvas T={t}", dict(method="canvas", num_steps=t)) for t in (16, 64)
   ]
 )
+
+
+# Self-conditioning (model.self_condition; docs/math.md § 14): a masked step is two network calls
+# (T = 32 spends the 64 calls of plain T = 64); a uniform step passes its estimate to the next.
+SELF_CONDITIONED_SETTINGS = [
+  ("self-conditioned", f"self-conditioned ancestral T={t}", dict(method="ancestral", num_steps=t))
+  for t in (16, 32, 64)
+]
+UNIFORM_SELF_CONDITIONED_SETTINGS = [
+  (
+    "uniform self-conditioned",
+    f"uniform self-conditioned ancestral T={t}",
+    dict(method="ancestral", num_steps=t, process="uniform"),
+  )
+  for t in (16, 64, 256)
+]
+# SDTT students (configs/distill.py: rounds 64 -> 32 -> 16 -> 8 -> 4), at the teacher's budgets.
+STUDENT_SETTINGS = [
+  ("SDTT student", f"SDTT student T={t}", dict(method="ancestral", num_steps=t))
+  for t in (4, 8, 16, 64)
+]
 
 
 def _truth(language, length: int, n: int) -> tuple[np.ndarray, list]:
@@ -342,7 +401,7 @@ def _plot(rows, path):
     handles=handles,
     loc="lower center",
     bbox_to_anchor=(0.5, 0.035),
-    ncol=len(handles),
+    ncol=min(len(handles), 7),
     fontsize=8,
     frameon=False,
   )
@@ -358,9 +417,10 @@ def _plot(rows, path):
 
 
 def _rows(settings, language, truth, oracle, trained, schedule, config):
+  """Each setting scored with the oracle (None: the trained network's rows only) and the network."""
   rows = []
   for family, label, kwargs in settings:
-    network_only = kwargs.get("cache") in ("prefix", "dual")
+    network_only = oracle is None or kwargs.get("cache") in ("prefix", "dual")
     row = {"family": family, "label": label, **kwargs}
     row["oracle"] = (
       None if network_only else _score(language, truth, oracle, schedule, config, kwargs)
@@ -380,6 +440,14 @@ def _write(rows, config, true_bits: float, summary: dict):
   output.write_text(_markdown(rows, config, true_bits))
   output.with_suffix(".json").write_text(json.dumps({**summary, "rows": rows}, indent=1))
   _plot(rows, output.with_suffix(".png"))
+
+
+def _oracle_taught(settings):
+  """The student rows of a student whose first teacher was the oracle."""
+  return [
+    (f"{family} (oracle teacher)", label.replace("student", "student (oracle teacher)"), kwargs)
+    for family, label, kwargs in settings
+  ]
 
 
 def main(argv):
@@ -427,6 +495,16 @@ def main(argv):
       config,
     )
     trained_step["uniform"] = uniform.step
+  for flag, settings in (
+    (_SELF_CONDITIONED_WORKDIR, SELF_CONDITIONED_SETTINGS),
+    (_UNIFORM_SELF_CONDITIONED_WORKDIR, UNIFORM_SELF_CONDITIONED_SETTINGS),
+    (_STUDENT_WORKDIR, STUDENT_SETTINGS),
+    (_ORACLE_STUDENT_WORKDIR, _oracle_taught(STUDENT_SETTINGS)),
+  ):
+    if flag.value:  # The oracle's rows of these samplers are above: network rows only.
+      other = md4jax.load(flag.value, role=f"--{flag.name}")
+      rows += _rows(settings, language, truth, None, other.denoise_fn, other.schedule, config)
+      trained_step[flag.name.removesuffix("_workdir")] = other.step
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     summary = {

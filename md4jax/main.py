@@ -1,4 +1,4 @@
-r"""Trains, evaluates, samples or post-trains a masked diffusion (or AR) language model.
+r"""Trains, evaluates, samples, post-trains or distills a masked diffusion (or AR) language model.
 
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default --mode=eval
@@ -7,6 +7,8 @@ r"""Trains, evaluates, samples or post-trains a masked diffusion (or AR) languag
       --config.eval.judge_workdir=/tmp/md4jax_default_ar
   python -m md4jax.main --config=configs/post_train.py --workdir=/tmp/post --mode=post_train \
       --config.post_train.init_from=/tmp/md4jax_default --config.post_train.reward=bigram:R.npy
+  python -m md4jax.main --config=configs/distill.py --workdir=/tmp/distill --mode=distill \
+      --config.distill.init_from=/tmp/md4jax_default
 
 A workdir that holds checkpoints resumes training from the latest one.
 
@@ -24,7 +26,7 @@ from ml_collections import config_flags
 
 from md4jax import config as config_lib
 from md4jax import user_errors
-from md4jax.app import modes, post_train
+from md4jax.app import distill, modes, post_train
 from md4jax.runtime import allocator
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint
@@ -39,10 +41,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _MODE = flags.DEFINE_enum(
   "mode",
   "train",
-  ["train", "eval", "sample", "frontier", "post_train"],
+  ["train", "eval", "sample", "frontier", "post_train", "distill"],
   "train (then eval and sample), or eval / sample / sweep the sample-quality "
   "frontier (md4jax.app.frontier) of the latest checkpoint, or post-train "
-  "post_train.init_from's model with a reward (md4jax.app.post_train).",
+  "post_train.init_from's model with a reward (md4jax.app.post_train), or distill "
+  "distill.init_from's model into a few-step student (md4jax.app.distill).",
 )
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
   "coordinator_address", None, "HOST:PORT of process 0, for a run of several processes."
@@ -74,6 +77,7 @@ _MODES = {
   "sample": modes.sample_checkpoint,
   "frontier": modes.frontier_checkpoint,
   "post_train": post_train.post_train,
+  "distill": distill.distill,
 }
 
 

@@ -16,6 +16,7 @@ STREAMS = {
   "frontier": 6,  # --mode=frontier's samples, one fold per point.
   "lm_eval": 7,  # The lm-evaluation-harness model's draws (md4jax.app.harness_model).
   "post_train": 8,  # --mode=post_train's rollouts and estimates, one fold per step.
+  "distill": 9,  # --mode=distill's times, masks and teacher draws, one fold per step.
 }
 
 

@@ -21,6 +21,8 @@ CONFIG_NAMES = (
   "default",
   "default:bd3",
   "default:uniform",
+  "distill",
+  "post_train",
   "tiny",
   "tiny_ar",
   "text8",

@@ -41,7 +41,11 @@ class Run:
   """
 
   def __init__(
-    self, config: ml_collections.ConfigDict, workdir, init_from_key: str = "training.init_from"
+    self,
+    config: ml_collections.ConfigDict,
+    workdir,
+    init_from_key: str = "training.init_from",
+    keep_period: Optional[int] = None,
   ):
     # The key naming the workdir a fresh run starts from (post-training's: post_train.init_from).
     section, key = init_from_key.split(".")
@@ -58,7 +62,7 @@ class Run:
     )
     self.config = sources.with_vocab_size(config, self.source)
     self.manager = checkpoint.make_manager(
-      self.workdir.checkpoints, config.training.max_checkpoints_to_keep
+      self.workdir.checkpoints, config.training.max_checkpoints_to_keep, keep_period
     )
     self.model, self.optimizer, self.abstract_state = load.abstract_state(self.config, self.mesh)
     self.iterator = self.source.train_iterator()
@@ -202,11 +206,13 @@ def session(
   *,
   restored: bool,
   init_from_key: str = "training.init_from",
+  keep_period: Optional[int] = None,
 ) -> Iterator[tuple[Run, metrics_writer.MetricsWriter]]:
   """(run, writer) under the workdir's lock; restored=True requires a checkpoint.
-  init_from_key: the config key naming the workdir a fresh run starts from."""
+  init_from_key: the config key naming the workdir a fresh run starts from; keep_period: steps
+  whose checkpoints are never deleted (`checkpoint.make_manager`)."""
   with _lock(workdir, mode):
-    run = Run(config, workdir, init_from_key)
+    run = Run(config, workdir, init_from_key, keep_period)
     try:
       if restored and run.restored_step is None:
         raise FileNotFoundError(

@@ -6,7 +6,7 @@ one fixed order, so of several bad values the same one is reported every time.
 
 import ml_collections
 
-from md4jax.config import adapt, network, post_train, presets, sample
+from md4jax.config import adapt, distill, network, post_train, presets, sample
 from md4jax.config.values import (
   DATASETS,
   DTYPES,
@@ -47,6 +47,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int, platfor
   adapt.validate_adaptation(config)
   sample.validate_sampling(config)
   post_train.validate_post_training(config)
+  distill.validate_distillation(config)
 
 
 def _validate_counts(config: ml_collections.ConfigDict):

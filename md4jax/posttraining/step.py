@@ -49,7 +49,7 @@ def log_prob(
   )
 
 
-def _applied(state, grads, frozen, optimizer, config) -> state_lib.TrainState:
+def apply_gradients(state, grads, frozen, optimizer, config) -> state_lib.TrainState:
   """state after one optimizer update with the trainable params' grads (frozen ones pass bit for
   bit), and its EMA moved toward the new params; the step unchanged."""
   full_grads = state_lib.join_trainable(grads, jax.tree.map(jnp.zeros_like, frozen))
@@ -114,7 +114,10 @@ def update(
       return -surrogate.mean(), log_now
 
     (_, log_now), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
-    return _applied(state, grads, frozen, optimizer, config), (optax.tree.norm(grads), log_now)
+    return apply_gradients(state, grads, frozen, optimizer, config), (
+      optax.tree.norm(grads),
+      log_now,
+    )
 
   lr = state_lib.learning_rate_schedule(config, updates_per_rollout)
   metrics["learning_rate"] = lr(state.step * updates_per_rollout)
@@ -172,7 +175,7 @@ def preference_update(
     return losses.mean(), margin
 
   (value, margin), grads = jax.value_and_grad(loss, has_aux=True)(trainable)
-  new_state = _applied(state, grads, frozen, optimizer, config)
+  new_state = apply_gradients(state, grads, frozen, optimizer, config)
   new_state = new_state.replace(step=state.step + 1)
   metrics = {
     "loss": value,

@@ -56,10 +56,16 @@ class Restored:
   )
 
 
-def make_manager(directory, max_to_keep: int) -> ocp.CheckpointManager:
-  """The manager of the checkpoints folder `directory` (created by the first save)."""
+def make_manager(
+  directory, max_to_keep: int, keep_period: Optional[int] = None
+) -> ocp.CheckpointManager:
+  """The manager of the checkpoints folder `directory` (created by the first save); a step that
+  keep_period divides is never deleted (distillation's round ends: the next round's teacher)."""
   options = ocp.CheckpointManagerOptions(
-    max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+    max_to_keep=max_to_keep,
+    keep_period=keep_period,
+    enable_async_checkpointing=True,
+    create=True,
   )
   return ocp.CheckpointManager(
     pathlib.Path(directory).absolute(), options=options, item_names=ITEMS

@@ -1,0 +1,244 @@
+"""SDTT's few-step students (md4jax.posttraining.distillation, --mode=distill).
+
+The teacher's targets are checked against their exact expectation by enumeration on the
+generated language: with the exact posterior as the teacher, a masked position's target is the
+first step's posterior with the probability r1 that the first step reveals it, and otherwise the
+second step's posterior averaged over every state the first step leads to. The mode's rounds,
+resume and refusals are checked on a tiny trained model.
+"""
+
+import itertools
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import md4jax
+from md4jax import config as config_lib
+from md4jax.app import distill, modes
+from md4jax.diffusion import groundtruth, schedules
+from md4jax.posttraining import distillation
+from md4jax.runtime import workdir as workdir_lib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+VOCAB = 3
+
+
+def _exact_expected_target(language, z_t, t, dt, schedule):
+  """E[exp(target)] and E[exp(target)²] [L, V] at z_t [L] by enumerating the first step's
+  outcomes, and the masked positions."""
+  oracle = language.denoise_fn(VOCAB)
+  posterior = lambda z, time: np.asarray(
+    jax.nn.softmax(oracle(jnp.asarray(z)[None], jnp.full((1,), schedule.alpha(time))), -1)[0],
+    np.float64,
+  )
+  mask_t, mask_s = float(schedule.mask_prob(t)), float(schedule.mask_prob(t - dt))
+  r1 = (mask_t - mask_s) / mask_t
+  first = posterior(z_t, t)
+  masked = [i for i, v in enumerate(z_t) if v == VOCAB]
+  expected, squared = np.zeros((len(z_t), VOCAB)), np.zeros((len(z_t), VOCAB))
+  # Each masked position stays masked (−1) or is revealed as v, independently.
+  for outcome in itertools.product([-1, *range(VOCAB)], repeat=len(masked)):
+    weight, z_s = 1.0, list(z_t)
+    for position, value in zip(masked, outcome):
+      weight *= (1 - r1) if value < 0 else r1 * first[position, value]
+      if value >= 0:
+        z_s[position] = value
+    second = posterior(z_s, t - dt)
+    for position, value in zip(masked, outcome):
+      law = first[position] if value >= 0 else second[position]
+      expected[position] += weight * law
+      squared[position] += weight * law**2
+  return expected, squared, masked
+
+
+@pytest.mark.parametrize("schedule_name", ["linear", "cosine"])
+def test_the_teacher_targets_match_their_exact_law(schedule_name):
+  """20,000 draws at one z_t: the mean and the mean square of every masked entry within 4 SE of
+  the enumeration. The square tells the laws apart from one-hot targets of the drawn tokens
+  (the same mean, the martingale of exact posteriors)."""
+  language = groundtruth.MarkovLanguage(VOCAB, seed=3)
+  schedule = schedules.get_schedule(schedule_name)
+  z_t = np.array([VOCAB, 1, VOCAB, VOCAB, 0], np.int32)
+  t, dt, n = 0.6, 0.2, 20000
+  expected, squared, masked = _exact_expected_target(language, z_t, t, dt, schedule)
+  targets = jax.jit(
+    lambda key: distillation.teacher_targets(
+      key,
+      language.denoise_fn(VOCAB),
+      jnp.tile(z_t, (n, 1)),
+      jnp.full((n,), t),
+      dt,
+      schedule,
+      mask_id=VOCAB,
+    )
+  )(jax.random.PRNGKey(0))
+  draws = np.exp(np.asarray(targets, np.float64))[:, masked]
+  for moment, exact in ((draws, expected[masked]), (draws**2, squared[masked])):
+    mean, se = moment.mean(0), moment.std(0, ddof=1) / np.sqrt(n)
+    assert np.all(np.abs(mean - exact) < 4 * se + 1e-6), (mean, exact, se)
+  # One-hot targets would have E[target²] = E[target]: far from the laws' second moment.
+  assert np.max(np.abs(expected[masked] - squared[masked])) > 0.1
+
+
+def test_the_last_step_reveals_everything_so_targets_are_the_drawn_laws():
+  """At t = 2dt the second step reaches t = 0 (linear: α = 1): every masked position is revealed
+  by one of the two steps, and a row's targets are a function of its own key (batch invariance)."""
+  language = groundtruth.MarkovLanguage(VOCAB, seed=3)
+  schedule = schedules.get_schedule("linear")
+  z_t = jnp.full((6, 5), VOCAB, jnp.int32)
+  t = jnp.full((6,), 0.5)
+  targets = distillation.teacher_targets(
+    jax.random.PRNGKey(1), language.denoise_fn(VOCAB), z_t, t, 0.25, schedule, mask_id=VOCAB
+  )
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(1), jnp.arange(6))
+  alone = distillation.teacher_targets(
+    keys[2:3], language.denoise_fn(VOCAB), z_t[2:3], t[2:3], 0.25, schedule, mask_id=VOCAB
+  )
+  np.testing.assert_allclose(targets[2:3], alone, rtol=1e-6)
+  np.testing.assert_allclose(np.exp(np.asarray(targets)).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_the_divergences_are_their_formulas():
+  rng = np.random.default_rng(0)
+  student = rng.normal(size=(2, 3, 5))
+  target = rng.normal(size=(2, 3, 5))
+  log_q = student - np.log(np.exp(student).sum(-1, keepdims=True))
+  log_p = target - np.log(np.exp(target).sum(-1, keepdims=True))
+  masked = np.array([[True, False, True], [False, True, True]])
+  reverse = (np.exp(log_q) * (log_q - log_p)).sum(-1)
+  forward = (np.exp(log_p) * (log_p - log_q)).sum(-1)
+  for kind, reference in (("reverse_kl", reverse), ("forward_kl", forward)):
+    got = distillation.divergence(jnp.asarray(student), jnp.asarray(log_p), masked, kind)
+    np.testing.assert_allclose(got, np.where(masked, reference, 0).sum(-1), rtol=1e-5)
+  same = distillation.divergence(jnp.asarray(student), jnp.asarray(log_q), masked)
+  np.testing.assert_allclose(same, 0.0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- --mode=distill
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  """A tiny model trained 200 steps on the generated language."""
+  root = tmp_path_factory.mktemp("distill")
+  config = config_lib.load_config("tiny")
+  config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 200
+  config.log_every_steps = 200
+  config.eval.discrete_steps, config.eval.profile_bins = "", 0
+  config.sample.num_samples = 0
+  modes.train_and_evaluate(config, root / "base")
+  return root / "base"
+
+
+def _config(base, **overrides):
+  config = config_lib.load_config("tiny")
+  config.num_train_steps = 4
+  config.log_every_steps = 1
+  config.checkpoint_every_steps = 1
+  config.optimizer.warmup_steps = 1
+  config.sample.num_samples = 0
+  config.distill.init_from = str(base)
+  config.distill.teacher_steps = 8
+  config.distill.rounds = 2
+  for name, value in overrides.items():
+    section, _, key = name.rpartition("__")
+    (config[section] if section else config)[key] = value
+  return config
+
+
+def test_rounds_halve_the_steps_and_a_resume_reads_its_teacher_back(base, tmp_path):
+  """4 steps in 2 rounds (students of 4, then 2 steps); the same run stopped after step 3 (in the
+  second round, whose teacher is step 2's EMA) and resumed: the same params and records."""
+  config = _config(base)
+  distill.distill(config, tmp_path / "whole")
+  records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").open()]
+  assert [r["student_steps"] for r in records if "student_steps" in r] == [4, 4, 2, 2]
+  shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+  resumed = workdir_lib.as_workdir(tmp_path / "resumed")
+  shutil.rmtree(resumed.checkpoints / "4")
+  distill.distill(config, resumed.root)
+  whole, again = md4jax.load(tmp_path / "whole"), md4jax.load(resumed.root)
+  jax.tree.map(np.testing.assert_array_equal, whole.params, again.params)
+  assert (tmp_path / "whole" / "metrics.jsonl").read_text() == resumed.metrics_jsonl.read_text()
+  with pytest.raises(ValueError, match="rounds are 2 steps long"):
+    distill.distill(_config(base, num_train_steps=8), resumed.root)
+
+
+def test_the_oracle_teacher_trains_the_student_toward_its_targets(base, tmp_path):
+  """With the exact denoiser as the teacher, 40 steps of one round lower the loss."""
+  config = _config(
+    base,
+    num_train_steps=40,
+    distill__rounds=1,
+    distill__teacher="oracle",
+    checkpoint_every_steps=40,
+  )
+  config.optimizer.learning_rate = 3e-3
+  distill.distill(config, tmp_path / "oracle")
+  losses = [json.loads(line)["loss"] for line in (tmp_path / "oracle" / "metrics.jsonl").open()]
+  assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:5]), losses
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    ({"distill__teacher_steps": 6}, "divisible by 2\\^distill.rounds"),
+    ({"num_train_steps": 5}, "divisible by distill.rounds"),
+    ({"distill__init_from": ""}, "distill.init_from is empty"),
+    ({"distill__teacher": "exact"}, "distill.teacher"),
+    ({"diffusion__process": "uniform", "model__time_conditioning": "adaln"}, "process"),
+  ],
+)
+def test_bad_settings_are_one_line(base, tmp_path, overrides, message):
+  config = _config(base, **overrides)
+  if overrides.get("diffusion__process") == "uniform":
+    config.training.estimator = config.eval.estimator = "standard"
+  with pytest.raises(ValueError, match=message) as error:
+    distill.distill(config, tmp_path / "bad")
+  assert "\n" not in str(error.value)
+
+
+def test_the_distill_config_runs_from_the_default_workdir(tmp_path):
+  """configs/distill.py from a configs/default.py workdir, on the command line (shortened)."""
+
+  def run(*flags):
+    result = subprocess.run(
+      [sys.executable, "-m", "md4jax.main", *flags],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+  short = [
+    "--config.eval.num_sequences=64",
+    "--config.eval.discrete_steps=",
+    "--config.sample.num_samples=2",
+  ]
+  run(
+    "--config=configs/default.py",
+    f"--workdir={tmp_path / 'default'}",
+    "--config.num_train_steps=20",
+    "--config.optimizer.warmup_steps=5",
+    "--config.eval_every_steps=20",
+    "--config.eval.profile_bins=0",
+    *short,
+  )
+  run(
+    "--config=configs/distill.py",
+    "--mode=distill",
+    f"--workdir={tmp_path / 'student'}",
+    f"--config.distill.init_from={tmp_path / 'default'}",
+    "--config.num_train_steps=8",
+    "--config.optimizer.warmup_steps=2",
+    "--config.checkpoint_every_steps=2",
+    "--config.sample.num_samples=2",
+  )
+  samples = [json.loads(line) for line in (tmp_path / "student" / "samples.jsonl").open()]
+  assert len(samples) == 2 and samples[0]["nfe"] <= 4
