@@ -28,6 +28,7 @@ setuptools.setup(
     "jinja2>=3.1,<4",  # Released models' chat templates (sample.chat), rendered as transformers does.
     "safetensors>=0.4.2,<1",  # Hugging Face weights in and out (md4jax.convert); bfloat16 from 0.4.2.
     "numpy>=1.26,<3",
+    "scipy>=1.12",  # jax's own dependency; the duality's quadrature (md4jax.diffusion.duality).
     "tensorboardX>=2.6,<3",  # TensorBoard event files without TensorFlow.
     "pillow>=10",  # Animated GIFs of sampling trajectories.
     "matplotlib>=3.8",  # PNG plots of training curves, bounds and sampling frontiers.

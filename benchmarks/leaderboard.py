@@ -14,11 +14,14 @@ diversity columns from the same samples.
   python -m md4jax.main --config=configs/distill.py --mode=distill \
       --workdir=/tmp/md4jax_oracle_student --config.distill.init_from=/tmp/md4jax_default \
       --config.distill.teacher=oracle
+  python -m md4jax.main --config=configs/distill.py:uniform --mode=distill \
+      --workdir=/tmp/md4jax_uniform_student --config.distill.init_from=/tmp/md4jax_default_uniform
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
       --bd3_workdir=/tmp/md4jax_default_bd3 --uniform_workdir=/tmp/md4jax_default_uniform \
       --self_conditioned_workdir=/tmp/md4jax_default_sc \
       --uniform_self_conditioned_workdir=/tmp/md4jax_default_uniform_sc \
       --student_workdir=/tmp/md4jax_student --oracle_student_workdir=/tmp/md4jax_oracle_student \
+      --uniform_student_workdir=/tmp/md4jax_uniform_student \
       --output=docs/results/sampler_leaderboard.md
 
 On the generated language of configs/default.py the true law is known. For each setting:
@@ -42,8 +45,8 @@ Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of
 by a method of `sample`: with the oracle on the window, with the block-causal network through
 its exact KV cache. Uniform-state diffusion (--uniform_workdir, a trained configs/default.py:uniform
 run): its samplers from uniform noise, with the uniform process's exact posterior as the oracle.
-Self-conditioned networks (masked and uniform) and SDTT's few-step students (from the default
-network, or from the oracle as the first teacher) add rows of the trained network only: their
+Self-conditioned networks (masked and uniform), SDTT's few-step students (from the default
+network, or from the oracle as the first teacher) and DCD's (from the uniform network) add rows of the trained network only: their
 samplers' oracle rows are the plain ones above.
 """
 
@@ -95,6 +98,11 @@ _ORACLE_STUDENT_WORKDIR = flags.DEFINE_string(
   "oracle_student_workdir",
   None,
   "A configs/distill.py run with --config.distill.teacher=oracle: its student's rows (optional).",
+)
+_UNIFORM_STUDENT_WORKDIR = flags.DEFINE_string(
+  "uniform_student_workdir",
+  None,
+  "A configs/distill.py:uniform run from --uniform_workdir: DCD student rows (optional).",
 )
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 256, "Samples per setting (one batch).")
 _REFERENCES = flags.DEFINE_integer(
@@ -197,7 +205,7 @@ BD3_SETTINGS = [
 UNIFORM_SETTINGS = (
   [
     ("uniform-state", f"uniform ancestral T={t}", dict(method="ancestral", num_steps=t))
-    for t in (16, 64, 256)
+    for t in (4, 8, 16, 64, 256)
   ]
   + [
     ("uniform-state", f"uniform greedy_tail T={t}", dict(method="greedy_tail", num_steps=t))
@@ -226,6 +234,16 @@ UNIFORM_SELF_CONDITIONED_SETTINGS = [
 # SDTT students (configs/distill.py: rounds 64 -> 32 -> 16 -> 8 -> 4), at the teacher's budgets.
 STUDENT_SETTINGS = [
   ("SDTT student", f"SDTT student T={t}", dict(method="ancestral", num_steps=t))
+  for t in (4, 8, 16, 64)
+]
+
+
+UNIFORM_STUDENT_SETTINGS = [
+  (
+    "DCD student (uniform)",
+    f"DCD student T={t}",
+    dict(method="ancestral", num_steps=t, process="uniform"),
+  )
   for t in (4, 8, 16, 64)
 ]
 
@@ -500,6 +518,7 @@ def main(argv):
     (_UNIFORM_SELF_CONDITIONED_WORKDIR, UNIFORM_SELF_CONDITIONED_SETTINGS),
     (_STUDENT_WORKDIR, STUDENT_SETTINGS),
     (_ORACLE_STUDENT_WORKDIR, _oracle_taught(STUDENT_SETTINGS)),
+    (_UNIFORM_STUDENT_WORKDIR, UNIFORM_STUDENT_SETTINGS),
   ):
     if flag.value:  # The oracle's rows of these samplers are above: network rows only.
       other = md4jax.load(flag.value, role=f"--{flag.name}")

@@ -22,6 +22,7 @@ CONFIG_NAMES = (
   "default:bd3",
   "default:uniform",
   "distill",
+  "distill:uniform",
   "post_train",
   "tiny",
   "tiny_ar",

@@ -9,6 +9,7 @@ resume and refusals are checked on a tiny trained model.
 
 import itertools
 import json
+import math
 import pathlib
 import shutil
 import subprocess
@@ -18,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 import md4jax
 from md4jax import config as config_lib
 from md4jax.app import distill, modes
-from md4jax.diffusion import groundtruth, schedules
+from md4jax.diffusion import duality, groundtruth, schedules
 from md4jax.posttraining import distillation
 from md4jax.runtime import workdir as workdir_lib
 
@@ -191,13 +193,11 @@ def test_the_oracle_teacher_trains_the_student_toward_its_targets(base, tmp_path
     ({"num_train_steps": 5}, "divisible by distill.rounds"),
     ({"distill__init_from": ""}, "distill.init_from is empty"),
     ({"distill__teacher": "exact"}, "distill.teacher"),
-    ({"diffusion__process": "uniform", "model__time_conditioning": "adaln"}, "process"),
+    ({"model__self_condition": True}, "self_condition"),
   ],
 )
 def test_bad_settings_are_one_line(base, tmp_path, overrides, message):
   config = _config(base, **overrides)
-  if overrides.get("diffusion__process") == "uniform":
-    config.training.estimator = config.eval.estimator = "standard"
   with pytest.raises(ValueError, match=message) as error:
     distill.distill(config, tmp_path / "bad")
   assert "\n" not in str(error.value)
@@ -242,3 +242,82 @@ def test_the_distill_config_runs_from_the_default_workdir(tmp_path):
   )
   samples = [json.loads(line) for line in (tmp_path / "student" / "samples.jsonl").open()]
   assert len(samples) == 2 and samples[0]["nfe"] <= 4
+
+
+# ---------------------------------------------------------------- DCD (uniform-state)
+def test_two_tokens_keep_x_with_the_normal_cdf():
+  """V = 2: argmax(ν e_x + ε) = x iff ν > ε' − ε ~ N(0, 2), so I(ν) = Φ(ν / √2)."""
+  nu = np.array([0.0, 0.5, 1.0, 3.0])
+  expected = 0.5 * (1.0 + np.vectorize(math.erf)(nu / 2.0))
+  np.testing.assert_allclose(duality.argmax_probability(nu, 2), expected, rtol=1e-7)
+
+
+@pytest.mark.parametrize("vocab_size", [5, 32])
+def test_coupled_states_are_exact_draws_of_the_process_on_one_trajectory(vocab_size):
+  """Each of z_t, z_s: x with prob α + (1 − α)/V and every other token equally likely (χ²,
+  p = 1e-4); and z_t = x implies z_s = x (a higher signal on x keeps it the argmax)."""
+  n, dual = 40000, duality.Duality.of(vocab_size)
+  x = jnp.full((n, 1), 1, jnp.int32)
+  alpha_t, alpha_s = 0.3, 0.7
+  z_t, z_s = duality.coupled_states(
+    jax.random.PRNGKey(0),
+    x,
+    jnp.full((n,), dual.nu(alpha_t)),
+    jnp.full((n,), dual.nu(alpha_s)),
+    vocab_size,
+  )
+  for z, alpha in ((z_t, alpha_t), (z_s, alpha_s)):
+    law = np.full(vocab_size, (1 - alpha) / vocab_size)
+    law[1] += alpha
+    counts = np.bincount(np.asarray(z).ravel(), minlength=vocab_size)
+    assert stats.chisquare(counts, n * law).pvalue > 1e-4
+  kept = np.asarray(z_t == 1)
+  assert kept.any() and np.all(np.asarray(z_s)[kept] == 1)
+
+
+def test_the_duality_inverts_its_map():
+  dual = duality.Duality.of(50257)
+  alpha = jnp.array([0.0, 1e-3, 0.1, 0.5, 0.9, 0.999, 1.0])
+  np.testing.assert_allclose(dual.alpha(dual.nu(alpha)), alpha, atol=2e-6)
+  assert np.all(np.diff(np.asarray(dual.nu(alpha))) > 0)
+
+
+@pytest.fixture(scope="module")
+def uniform_base(tmp_path_factory):
+  """A tiny uniform-state model trained 100 steps on the generated language."""
+  root = tmp_path_factory.mktemp("distill_uniform")
+  config = _uniform_tiny()
+  config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 100
+  config.log_every_steps = 100
+  config.eval.discrete_steps, config.eval.profile_bins = "", 0
+  config.sample.num_samples = 0
+  modes.train_and_evaluate(config, root / "base")
+  return root / "base"
+
+
+def _uniform_tiny():
+  config = config_lib.load_config("tiny")
+  config.diffusion.process = "uniform"
+  config.model.time_conditioning = "adaln"
+  config.training.estimator = config.eval.estimator = "standard"
+  config.frontier.methods = "ancestral"
+  return config
+
+
+@pytest.mark.parametrize("teacher", ["", "oracle"])
+def test_consistency_distillation_of_a_uniform_model_runs_its_rounds(
+  uniform_base, tmp_path, teacher
+):
+  config = _uniform_tiny()
+  config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 4, 1, 2
+  config.optimizer.warmup_steps = 1
+  config.sample.num_samples, config.sample.num_steps = 2, 2
+  config.distill.init_from, config.distill.teacher = str(uniform_base), teacher
+  config.distill.teacher_steps, config.distill.rounds = 8, 2
+  distill.distill(config, tmp_path / "student")
+  records = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").open()]
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert len(losses) == 4 and all(np.isfinite(losses)) and min(losses) > 0
+  assert [r["scored_fraction"] for r in records if "loss" in r] == [1.0] * 4  # Every token.
+  samples = [json.loads(line) for line in (tmp_path / "student" / "samples.jsonl").open()]
+  assert len(samples) == 2

@@ -1,8 +1,9 @@
-"""--mode=distill: SDTT's few-step student of a masked diffusion LM (docs/distillation.md).
+"""--mode=distill: a few-step student of a diffusion LM (docs/distillation.md): SDTT for a masked
+model, DUO's consistency distillation (DCD) for a uniform-state one.
 
 The student starts at distill.init_from's EMA params. The run's num_train_steps are
-distill.rounds rounds of equal length; round r's student (r = 1, 2, ...) learns two ancestral
-steps of its teacher in one (`md4jax.posttraining.distillation`), so it samples in
+distill.rounds rounds of equal length; round r's student (r = 1, 2, ...) learns two steps of
+its teacher in one (`md4jax.posttraining.distillation`), so it samples in
 distill.teacher_steps / 2^r steps. Round 1's teacher is init_from's network, or with
 distill.teacher = "oracle" the exact denoiser of the generated language; each later round's is
 the student's EMA params at the end of the round before, whose checkpoint is never deleted, so
@@ -36,14 +37,13 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError("distill.init_from is empty: name the workdir whose params start the student.")
   needs = {
     "model.type": (config.model.type, "mdm"),
-    "diffusion.process": (config.diffusion.process, "masked"),
     "diffusion.block_size": (state_lib.block_size(config), 0),
     "model.self_condition": (config.model.self_condition, False),
   }
   for name, (value, wanted) in needs.items():
     if value != wanted:
       raise ValueError(
-        f"distill (SDTT) distills a whole-sequence masked diffusion model's ancestral sampler: "
+        f"distill (SDTT, DCD) distills a whole-sequence diffusion model's ancestral sampler: "
         f"it needs {name}={wanted!r}, got {value!r}."
       )
   if objective.is_learned(config):
@@ -100,7 +100,10 @@ def _first_teacher(config, run: modes.Run):
   """Round 1's teacher: the oracle, or init_from's network (a copy of a fresh run's params; a
   resumed run reads init_from's checkpoint of the step it started from again)."""
   if config.distill.teacher == "oracle":
-    return as_denoiser(run.source.language.denoise_fn(config.data.vocab_size))
+    language = run.source.language
+    if config.diffusion.process == "uniform":
+      return as_denoiser(language.uniform_denoise_fn())
+    return as_denoiser(language.denoise_fn(config.data.vocab_size))
   if run.restored_step is None:
     return _teacher_of(config, run, run.state.params)
   source = load.load(

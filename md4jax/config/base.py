@@ -216,14 +216,15 @@ def base_config() -> ml_collections.ConfigDict:
   config.post_train.likelihood_draws = 1  # Draws K of the nelbo and coupled estimates (K and 2K network calls).
   config.post_train.prompt_mask_prob = 0.15  # likelihood "d1": each prompt position is masked with this probability, in [0, 1).
 
-  # --mode=distill (docs/distillation.md): SDTT's few-step student of a masked model, in rounds of
-  # num_train_steps / distill.rounds steps, each halving the sampler's steps.
+  # --mode=distill (docs/distillation.md): a few-step student, SDTT's of a masked model or DCD's of
+  # a uniform-state one, in rounds of num_train_steps / distill.rounds steps, each halving the
+  # sampler's steps.
   config.distill = ml_collections.ConfigDict()
   config.distill.init_from = ""  # The workdir whose newest EMA params start the student (required; the same network shapes), and with distill.teacher "" its first teacher.
-  config.distill.teacher = ""  # The first round's teacher: "" (init_from's network: self-distillation) or "oracle" (the exact denoiser of data.dataset markov's language); each later round's is the round before's student.
+  config.distill.teacher = ""  # The first round's teacher: "" (init_from's network: self-distillation) or "oracle" (the exact denoiser of data.dataset markov's language, of the run's diffusion.process); each later round's is the round before's student.
   config.distill.teacher_steps = 64  # The first teacher's ancestral steps T: round r's student (from 1) learns two teacher steps in one, T / 2^r steps; 2^rounds must divide it.
   config.distill.rounds = 4  # Rounds, each num_train_steps / rounds optimizer steps (dividing it): the last student samples in teacher_steps / 2^rounds steps.
-  config.distill.divergence = "reverse_kl"  # The student's loss at each masked position: "reverse_kl" (KL(student ‖ teacher), SDTT's default) or "forward_kl" (KL(teacher ‖ student)).
+  config.distill.divergence = "reverse_kl"  # The student's loss at each scored position (SDTT: the masked ones; DCD: every editable one): "reverse_kl" (KL(student ‖ teacher), SDTT's default) or "forward_kl" (KL(teacher ‖ student)).
 
   config.sample = ml_collections.ConfigDict()
   config.sample.num_samples = 4  # Sequences generated at the end of training and by --mode=sample.

@@ -1,16 +1,20 @@
-"""Few-step students of a masked diffusion LM by Self-Distillation Through Time (SDTT; Deschenaux
-& Gulcehre, "Beyond Autoregression: Fast LLMs via Self-Distillation Through Time", 2025).
+"""Few-step students by distillation, in rounds that halve the sampler's steps (`md4jax.app.distill`).
 
-A student called at z_t learns what the teacher's sampler makes of z_t in two ancestral steps
-of size dt (t → t − dt → t − 2dt), so that its own sampler, with steps of 2dt, takes half the
-teacher's steps. For each masked position of z_t the target is the law the teacher drew it
-from: the first step's denoiser output where that step revealed it, else the second's (revealed
-then or still masked). Rounds halve the steps again: the student of one round is the next
-round's teacher (`md4jax.app.distill`).
+Masked models: Self-Distillation Through Time (SDTT; Deschenaux & Gulcehre, "Beyond
+Autoregression: Fast LLMs via Self-Distillation Through Time", 2025). A student called at z_t
+learns what the teacher's sampler makes of z_t in two ancestral steps of size dt (t → t − dt →
+t − 2dt), so that its own sampler, with steps of 2dt, takes half the teacher's steps. For each
+masked position of z_t the target is the law the teacher drew it from: the first step's denoiser
+output where that step revealed it, else the second's (revealed then or still masked).
 
-Pure functions over arrays and denoisers: `teacher_targets` (one draw of the targets),
-`divergence` (the student's loss at the masked positions) and `update` (an optimizer step).
-Every draw is per row (a row's key is fold_in(key, its row index)).
+Uniform-state models: DUO's Discrete Consistency Distillation (DCD; Sahoo et al., "The
+Diffusion Duality", 2025). z_t and z_s = z_{t − dt} lie on one Gaussian trajectory
+(`md4jax.diffusion.duality`), and the student at z_t learns the teacher's prediction at z_s.
+
+The student of one round is the next round's teacher. Pure functions over arrays and
+denoisers: `teacher_targets` (one draw of SDTT's targets), `sdtt_draw` / `dcd_draw` (a batch's
+times, states and targets), `divergence` (the student's loss at the scored positions) and
+`update` (an optimizer step). Every draw is per row (a row's key is fold_in(key, its row index)).
 """
 
 import jax
@@ -18,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from md4jax.diffusion import masking
+from md4jax.diffusion import duality, masking
 from md4jax.posttraining.step import apply_gradients
 from md4jax.sampling import categorical
 from md4jax.training import objective
@@ -78,6 +82,38 @@ def divergence(student_logits, log_target, masked, kind: str = "reverse_kl"):
   return jnp.where(masked, per_position, 0.0).sum(-1)
 
 
+def sdtt_draw(key, teacher, tokens, editable, schedule, dt, config):
+  """SDTT's (t [B], z_t, log targets, scored positions): t ~ U(0, 1], z_t ~ q_t(· | x) masked,
+  the teacher's targets of its masked positions (`teacher_targets`)."""
+  mask_id = config.data.vocab_size
+  time_key, noise_key, target_key = jax.random.split(key, 3)
+  rows = tokens.shape[0]
+  t = 1.0 - jax.vmap(jax.random.uniform)(masking.row_keys(time_key, rows))  # (0, 1]
+  z_t = masking.corrupt(
+    masking.row_keys(noise_key, rows), tokens, schedule.alpha(t), mask_id=mask_id, editable=editable
+  )
+  log_target = teacher_targets(target_key, teacher, z_t, t, dt, schedule, mask_id=mask_id)
+  return t, z_t, log_target, z_t == mask_id
+
+
+def dcd_draw(key, teacher, tokens, editable, schedule, dt, config):
+  """DUO's discrete consistency distillation (uniform process; docs/math.md § 16): t ~ U(dt, 1],
+  s = t − dt, and (z_t, z_s) on one Gaussian trajectory (`duality.coupled_states`: each an exact
+  draw of the process, z_s the same noise at a higher signal); the target is the teacher's law at
+  (z_s, s) for every editable position. Returns (t [B], z_t, log targets, scored positions)."""
+  vocab_size = config.data.vocab_size
+  time_key, noise_key = jax.random.split(key)
+  u = jax.vmap(jax.random.uniform)(masking.row_keys(time_key, tokens.shape[0]))
+  t = dt + (1.0 - dt) * (1.0 - u)
+  s = t - dt
+  dual = duality.of(vocab_size)
+  z_t, z_s = duality.coupled_states(
+    noise_key, tokens, dual.nu(schedule.alpha(t)), dual.nu(schedule.alpha(s)), vocab_size, editable
+  )
+  logits = teacher(z_s, schedule.alpha(s)).astype(jnp.float32)
+  return t, z_t, jax.nn.log_softmax(logits, axis=-1), editable
+
+
 def update(
   state: state_lib.TrainState,
   batch: dict,
@@ -89,24 +125,16 @@ def update(
   optimizer: optax.GradientTransformation,
   config: ml_collections.ConfigDict,
 ):
-  """One optimizer step of the student (state) on a data batch: z_t at t ~ U(0, 1] per row, the
-  teacher's targets at steps of dt = 1 / (2 · student_steps) and the divergence per valid token
-  (never per masked one). teacher: a `Denoiser` (a network's params are its leaves, or the
-  oracle). Returns (state, metrics)."""
+  """One optimizer step of the student (state) on a data batch: the teacher's targets at steps
+  of dt = 1 / (2 · student_steps), SDTT's (masked process) or DCD's (uniform), and the
+  divergence per valid token (never per scored one). teacher: a `Denoiser` (a network's params
+  are its leaves, or the oracle). Returns (state, metrics)."""
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
   schedule = objective.schedule_of(state.params, config)
-  mask_id = config.data.vocab_size
-  time_key, noise_key, target_key = jax.random.split(key, 3)
-  rows = tokens.shape[0]
-  t = 1.0 - jax.vmap(jax.random.uniform)(masking.row_keys(time_key, rows))  # (0, 1]
-  z_t = masking.corrupt(
-    masking.row_keys(noise_key, rows), tokens, schedule.alpha(t), mask_id=mask_id, editable=editable
-  )
   dt = 1.0 / (TEACHER_CALLS * student_steps)
-  log_target = jax.lax.stop_gradient(
-    teacher_targets(target_key, teacher, z_t, t, dt, schedule, mask_id=mask_id)
-  )
-  masked = z_t == mask_id
+  draw = sdtt_draw if config.diffusion.process == "masked" else dcd_draw
+  t, z_t, log_target, scored = draw(key, teacher, tokens, editable, schedule, dt, config)
+  log_target = jax.lax.stop_gradient(log_target)
   num_tokens = jnp.maximum(editable.sum(), 1)
   trainable, frozen = state_lib.split_trainable(state.params, config)
 
@@ -116,7 +144,7 @@ def update(
       model, params, config, batch["segment_ids"], batch["positions"]
     )
     nats = divergence(
-      student(z_t, schedule.alpha(t)), log_target, masked, config.distill.divergence
+      student(z_t, schedule.alpha(t)), log_target, scored, config.distill.divergence
     )
     return nats.sum() / num_tokens
 
@@ -126,6 +154,6 @@ def update(
     "loss": value,
     "grad_norm": optax.tree.norm(grads),
     "learning_rate": state_lib.learning_rate_schedule(config)(state.step),
-    "masked_fraction": (masked.sum() / num_tokens).astype(jnp.float32),
+    "scored_fraction": (scored.sum() / num_tokens).astype(jnp.float32),
   }
   return new_state, metrics
