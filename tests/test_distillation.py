@@ -107,6 +107,61 @@ def test_the_last_step_reveals_everything_so_targets_are_the_drawn_laws():
   np.testing.assert_allclose(np.exp(np.asarray(targets)).sum(-1), 1.0, rtol=1e-5)
 
 
+def _alpha_teacher(z, alpha):
+  """A stub teacher whose law encodes the α it is called with: logits [10 α, 0, 0]."""
+  row = jnp.stack([10.0 * alpha, jnp.zeros_like(alpha), jnp.zeros_like(alpha)], -1)
+  return jnp.broadcast_to(row[:, None, :], (*z.shape, VOCAB))
+
+
+def test_each_target_is_the_law_at_the_time_of_its_step():
+  """t = 0.6, dt = 0.2 (linear): a position revealed by the first step (prob 1/3) gets the law at
+  α(t) = 0.4, every other the law at α(t − dt) = 0.6, and no third law appears."""
+  n = 20000
+  targets = distillation.teacher_targets(
+    jax.random.PRNGKey(2),
+    _alpha_teacher,
+    jnp.full((n, 4), VOCAB, jnp.int32),
+    jnp.full((n,), 0.6),
+    0.2,
+    schedules.get_schedule("linear"),
+    mask_id=VOCAB,
+  )
+  first, second = (
+    np.asarray(jax.nn.log_softmax(_alpha_teacher(jnp.zeros((1, 1), jnp.int32), jnp.full((1,), a))))[
+      0, 0
+    ]
+    for a in (0.4, 0.6)
+  )
+  targets = np.asarray(targets).reshape(-1, VOCAB)
+  is_first = np.all(np.abs(targets - first) < 1e-5, -1)
+  is_second = np.all(np.abs(targets - second) < 1e-5, -1)
+  assert np.all(is_first | is_second)
+  share, se = (
+    is_first.mean(),
+    math.sqrt(2 / 9 / targets.shape[0]) * 2,
+  )  # Rows share no draws; 4 positions.
+  assert abs(share - 1 / 3) < 4 * se, share
+
+
+def test_dcd_reads_the_teacher_at_the_earlier_time_of_the_trajectory():
+  """dcd_draw: t in (dt, 1]; the target is the teacher's law at s = t − dt (the stub encodes α),
+  and z_s, the same noise at a higher signal, holds x wherever z_t does and more often."""
+  config = config_lib.load_config("tiny")
+  config.diffusion.process = "uniform"
+  schedule = schedules.get_schedule("linear")
+  tokens = jnp.zeros((4000, 8), jnp.int32)
+  editable = jnp.ones_like(tokens, bool)
+  t, z_t, log_target, scored = distillation.dcd_draw(
+    jax.random.PRNGKey(0), _alpha_teacher, tokens, editable, schedule, 0.25, config
+  )
+  t = np.asarray(t)
+  assert t.min() > 0.25 and t.max() <= 1.0 and np.asarray(scored).all()
+  expected = jax.nn.log_softmax(_alpha_teacher(tokens, schedule.alpha(jnp.asarray(t) - 0.25)))
+  np.testing.assert_allclose(log_target, expected, atol=1e-5)
+  kept = np.asarray(z_t == 0).mean(-1)  # Share of x at t: about α(t) + (1 − α(t)) / V.
+  np.testing.assert_allclose(kept.mean(), np.mean((1 - t) + t / config.data.vocab_size), atol=0.01)
+
+
 def test_the_divergences_are_their_formulas():
   rng = np.random.default_rng(0)
   student = rng.normal(size=(2, 3, 5))
@@ -153,22 +208,44 @@ def _config(base, **overrides):
   return config
 
 
-def test_rounds_halve_the_steps_and_a_resume_reads_its_teacher_back(base, tmp_path):
-  """4 steps in 2 rounds (students of 4, then 2 steps); the same run stopped after step 3 (in the
-  second round, whose teacher is step 2's EMA) and resumed: the same params and records."""
-  config = _config(base)
-  distill.distill(config, tmp_path / "whole")
-  records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").open()]
-  assert [r["student_steps"] for r in records if "student_steps" in r] == [4, 4, 2, 2]
-  shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
-  resumed = workdir_lib.as_workdir(tmp_path / "resumed")
-  shutil.rmtree(resumed.checkpoints / "4")
+def _resumed_from(tmp_path, config, last: int):
+  """The run of tmp_path / "whole" again from its checkpoint of step `last`: (whole, resumed)."""
+  resumed = workdir_lib.as_workdir(tmp_path / f"resumed_{last}")
+  shutil.copytree(tmp_path / "whole", resumed.root)
+  for step in resumed.checkpoints.iterdir():
+    if step.name.isdigit() and int(step.name) > last:
+      shutil.rmtree(step)
   distill.distill(config, resumed.root)
   whole, again = md4jax.load(tmp_path / "whole"), md4jax.load(resumed.root)
   jax.tree.map(np.testing.assert_array_equal, whole.params, again.params)
   assert (tmp_path / "whole" / "metrics.jsonl").read_text() == resumed.metrics_jsonl.read_text()
-  with pytest.raises(ValueError, match="rounds are 2 steps long"):
-    distill.distill(_config(base, num_train_steps=8), resumed.root)
+  return resumed
+
+
+def test_rounds_halve_the_steps_and_keep_their_teachers_for_a_resume(base, tmp_path):
+  """4 steps in 2 rounds (students of 4, then 2 steps), one checkpoint kept besides the round
+  ends: the round end survives, and a resume from it (round 2's teacher read back) ends with
+  the same params and records; a resume with other rounds is refused."""
+  config = _config(base)
+  config.training.max_checkpoints_to_keep = 1
+  distill.distill(config, tmp_path / "whole")
+  records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").open()]
+  assert [r["student_steps"] for r in records if "student_steps" in r] == [4, 4, 2, 2]
+  kept = workdir_lib.as_workdir(tmp_path / "whole").checkpoints.iterdir()
+  assert sorted(int(p.name) for p in kept if p.name.isdigit()) == [2, 4]
+  resumed = _resumed_from(tmp_path, config, 2)
+  with pytest.raises(ValueError, match="distill.rounds=2 \\(now 3\\)"):
+    distill.distill(_config(base, num_train_steps=6, distill__rounds=3), resumed.root)
+
+
+@pytest.mark.slow
+def test_a_resume_inside_either_round_continues_exactly(base, tmp_path):
+  """From step 1 (round 1: init_from's network read again) and step 3 (round 2: step 2's)."""
+  config = _config(base)
+  config.training.max_checkpoints_to_keep = 10
+  distill.distill(config, tmp_path / "whole")
+  for last in (1, 3):
+    _resumed_from(tmp_path, config, last)
 
 
 def test_the_oracle_teacher_trains_the_student_toward_its_targets(base, tmp_path):
@@ -240,8 +317,10 @@ def test_the_distill_config_runs_from_the_default_workdir(tmp_path):
     "--config.checkpoint_every_steps=2",
     "--config.sample.num_samples=2",
   )
+  records = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").open()]
+  assert [r["student_steps"] for r in records if "student_steps" in r] == [32, 16, 8, 4]
   samples = [json.loads(line) for line in (tmp_path / "student" / "samples.jsonl").open()]
-  assert len(samples) == 2 and samples[0]["nfe"] <= 4
+  assert len(samples) == 2 and samples[0]["num_steps"] == 4
 
 
 # ---------------------------------------------------------------- DCD (uniform-state)

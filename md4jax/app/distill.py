@@ -12,6 +12,7 @@ resumed run continues exactly as the uninterrupted one. Checkpoints, metrics.jso
 line and training_curves.png are the trainer's; the samples at the end use sample.*.
 """
 
+import json
 import math
 import time
 
@@ -26,6 +27,7 @@ from md4jax.app import load, modes, plots
 from md4jax.diffusion.denoiser import as_denoiser
 from md4jax.posttraining import distillation
 from md4jax.runtime import sharding
+from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import checkpoint, objective, preemption, progress
 from md4jax.training import state as state_lib
 
@@ -59,6 +61,54 @@ def check_run(config: ml_collections.ConfigDict):
     raise ValueError(
       f"num_train_steps={config.num_train_steps} must be divisible by distill.rounds="
       f"{cfg.rounds}: the rounds are of equal length."
+    )
+
+
+# What a run's rounds and teachers are: a resume must keep them (the loop state records them).
+_RUN_KEYS = ("num_train_steps", "distill.teacher_steps", "distill.rounds", "distill.teacher")
+# What the starting model must share with the run: its process, schedule and time input.
+_MODEL_KEYS = (
+  "diffusion.process",
+  "diffusion.schedule",
+  "model.time_input",
+  "model.self_condition",
+)
+
+
+def _check_init_from(config: ml_collections.ConfigDict):
+  """distill.init_from's own config (an md4jax workdir's config.json) agrees with the run on what
+  the distillation reads; ValueError naming the key otherwise."""
+  path = workdir_lib.as_workdir(config.distill.init_from).config_json
+  if not path.is_file():
+    return  # md4jax.load reports a missing workdir when the run starts.
+  saved = json.loads(path.read_text())
+  for name in _MODEL_KEYS:
+    section, key = name.split(".")
+    value = saved.get(section, {}).get(key, config[section][key])
+    if value != config[section][key]:
+      raise ValueError(
+        f"distill.init_from was trained with {name}={value!r}, but this run has "
+        f"{config[section][key]!r}: distill a model with its own settings (configs/distill.py:"
+        "uniform for a uniform-state model)."
+      )
+
+
+def _check_resume(config: ml_collections.ConfigDict, run: modes.Run):
+  """A restored run continues the rounds it started: its checkpoints are a distillation's, of
+  the same round lengths and teachers."""
+  now = {name: config_lib.key_value(config, name) for name in _RUN_KEYS}
+  saved = run.loop_state.get("distill")
+  if saved is None:
+    raise ValueError(
+      f"distill: the checkpoints in {run.workdir.checkpoints} are not a distillation run's; "
+      "distill into a fresh workdir."
+    )
+  changed = [
+    f"{name}={saved[name]!r} (now {now[name]!r})" for name in now if saved[name] != now[name]
+  ]
+  if changed:
+    raise ValueError(
+      f"distill: this workdir's run has {', '.join(changed)}: resume it with its own settings."
     )
 
 
@@ -136,6 +186,7 @@ def distill(config: ml_collections.ConfigDict, workdir) -> dict:
   """--mode=distill (the module docstring): returns the last logged record."""
   config = config_lib.expand_preset(config)
   check_run(config)
+  _check_init_from(config)
   steps_per_round = config.num_train_steps // config.distill.rounds
   with modes.session(
     config,
@@ -147,20 +198,18 @@ def distill(config: ml_collections.ConfigDict, workdir) -> dict:
   ) as (run, writer):
     config = run.config
     step_fn = program(config, run.model, run.optimizer, run.abstract_state, run.mesh)
-    start = int(sharding.to_host(run.state.step))
+    if run.restored_step is not None:
+      _check_resume(config, run)
     init_from_step = run.loop_state.get("init_from_step", run.init_from_step)
-    saved_round = run.loop_state.get("steps_per_round", steps_per_round)
-    if saved_round != steps_per_round:
-      raise ValueError(
-        f"distill: this workdir's rounds are {saved_round} steps long, but num_train_steps="
-        f"{config.num_train_steps} / distill.rounds={config.distill.rounds} makes them "
-        f"{steps_per_round}: resume with the run's own num_train_steps and rounds."
-      )
-    current_round = min(start, config.num_train_steps - 1) // steps_per_round  # From 0.
-    if current_round:
-      teacher = _round_teacher(config, run, current_round * steps_per_round)
-    else:
-      teacher = _first_teacher(config, run)
+    run_settings = {name: config_lib.key_value(config, name) for name in _RUN_KEYS}
+    start = int(sharding.to_host(run.state.step))
+    teacher = None
+    if start < config.num_train_steps:
+      current_round = start // steps_per_round  # From 0.
+      if current_round:
+        teacher = _round_teacher(config, run, current_round * steps_per_round)
+      else:
+        teacher = _first_teacher(config, run)
     run.begin(writer)
     line = progress.ProgressLine(config.num_train_steps, 0, config.checkpoint_every_steps)
     window, record, last_saved = list(run.loop_state["window"]), {}, run.restored_step
@@ -204,11 +253,7 @@ def distill(config: ml_collections.ConfigDict, workdir) -> dict:
             run.state,
             run.iterator.get_state(),
             config,
-            {
-              "window": window,
-              "init_from_step": init_from_step,
-              "steps_per_round": steps_per_round,
-            },
+            {"window": window, "init_from_step": init_from_step, "distill": run_settings},
           )
           last_saved = step
         if stopping:

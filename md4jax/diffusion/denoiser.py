@@ -13,8 +13,8 @@ module-level function, a Flax module or a frozen dataclass, not a lambda made an
 
 A self-conditioned network (model.self_condition) also reads an estimate of x_0: called as
 denoise_fn(z, time, previous=probabilities [B, L, V]) by a sampler that passes its last step's
-estimate on; called without one, it reads none (passes=1: a training step's first pass) or its
-own first call's estimate of the same z (passes=2: the bound's and the masked samplers' model).
+estimate on; called without one, it reads its own first call's estimate of the same z (passes=2,
+the default: the bound's and the masked samplers' model) or none (passes=1).
 
 A network denoiser also gives the block decoder (`md4jax.sampling.decoder`) what its KV caches
 need: `block_call` runs the network on one block that reads cached keys and values, and
@@ -115,9 +115,10 @@ class Denoiser:
   inputs: Optional[dict] = None  # Leaves: {"segment_ids", "positions"} [B, L], or None.
   shift_id: Optional[int] = None  # Static.
   time_of: Optional[Callable] = None  # Static.
-  # A self-conditioned network's calls without an estimate: 1 reads none (zeros), 2 reads its own
-  # first call's estimate of the same z (`self_conditioned`). Static.
-  passes: int = 1
+  # A self-conditioned network's calls without an estimate: 2 read its own first call's estimate
+  # of the same z (the model its bound scores), 1 reads none (a training step's first pass);
+  # ignored by a network that is not self-conditioned. Static.
+  passes: int = 2
 
   def __post_init__(self):
     if (self.apply_fn is None) == (self.network is None):
@@ -127,7 +128,7 @@ class Denoiser:
 
   @classmethod
   def of_network(
-    cls, network, params, *, shift_id=None, time_of=None, inputs=None, passes=1
+    cls, network, params, *, shift_id=None, time_of=None, inputs=None, passes=2
   ) -> "Denoiser":
     """The denoiser of a Transformer (or any module with its apply signature) and its params."""
     return cls(None, params, network, inputs, shift_id, time_of, passes)
@@ -207,8 +208,9 @@ def estimate(logits: Array) -> Array:
 
 
 def self_conditioned(denoise_fn) -> bool:
-  """Whether denoise_fn reads an estimate of x_0 (a `Denoiser` of a self-conditioned network)."""
-  return isinstance(denoise_fn, Denoiser) and denoise_fn.self_conditioned
+  """Whether denoise_fn reads an estimate of x_0: a `Denoiser` of a self-conditioned network, or
+  a callable with self_condition = True that takes previous= (`as_denoiser` wraps it)."""
+  return as_denoiser(denoise_fn).self_conditioned
 
 
 def as_denoiser(denoise_fn) -> Denoiser:

@@ -17,6 +17,8 @@ times, states and targets), `divergence` (the student's loss at the scored posit
 `update` (an optimizer step). Every draw is per row (a row's key is fold_in(key, its row index)).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -132,6 +134,9 @@ def update(
   tokens, editable = batch["tokens"], batch["editable"].astype(bool)
   schedule = objective.schedule_of(state.params, config)
   dt = 1.0 / (TEACHER_CALLS * student_steps)
+  inputs = {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+  if teacher.network is not None and any(v is not None for v in inputs.values()):
+    teacher = dataclasses.replace(teacher, inputs=inputs)  # The student's documents and padding.
   draw = sdtt_draw if config.diffusion.process == "masked" else dcd_draw
   t, z_t, log_target, scored = draw(key, teacher, tokens, editable, schedule, dt, config)
   log_target = jax.lax.stop_gradient(log_target)

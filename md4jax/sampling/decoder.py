@@ -142,8 +142,8 @@ def sample(
     denoise_fn: a `Denoiser` (params as pytree leaves: compiled once per shape), or any
       callable denoise_fn(z [B, L], alpha [B]) -> logits [B, L, V] (V = mask_id), compiled
       once per callable object. A self-conditioned network's Denoiser with passes=2
-      (`objective.sampling_denoiser`) reads its own first call's estimate: two network calls per
-      sampler call, both in info["nfe"]. cache "exact", "prefix" and "dual" need a network's Denoiser
+      (the default) reads its own first call's estimate: two network calls per sampler call,
+      both in info["nfe"] (info["sampler_calls"]: the sampler's own count). cache "exact", "prefix" and "dual" need a network's Denoiser
       without per-row inputs; a Denoiser's inputs [1 or B, length] (segment_ids 0 marking
       padding, positions) serve cache "none".
     prompt, prompt_mask: tokens [P] or [B, P] (P <= length) and where they are given (default:
@@ -317,12 +317,12 @@ def sample(
     # are counted in info["unfilled"] instead.
     arguments.check_given_before_offset(prompt, prompt_mask, mask_id, block_offset)
   tokens, info = _program(plan, denoise_fn)(key, row_offset, denoiser, prompt, prompt_mask)
-  if denoiser.self_conditioned and denoiser.passes == 2:  # Each call is two network calls.
-    info["nfe"] = 2 * info["nfe"]
   info["cache_bytes"] = _cache_bytes(plan, denoiser)
   if not isinstance(info["nfe"], jax.core.Tracer):
     samplers.check_logits(info, method)
     arguments.check_filled(info)
+  if denoiser.self_conditioned and denoiser.passes == 2:  # Each call is two network calls.
+    info["sampler_calls"], info["nfe"] = info["nfe"], 2 * info["nfe"]
   return tokens, info
 
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from md4jax.diffusion import masking, uniform
-from md4jax.diffusion.denoiser import Denoiser, estimate, self_conditioned
+from md4jax.diffusion.denoiser import Denoiser, as_denoiser, estimate
 from md4jax.sampling import categorical, steps
 
 METHODS = ("ancestral", "greedy_tail", "canvas")
@@ -67,12 +67,13 @@ def run(
   given = given.astype(jnp.int32)
   z = jnp.where(editable, uniform.uniform_tokens(init_key, given.shape, vocab_size), given)
 
-  carries = self_conditioned(denoise_fn)  # Passes each call's estimate of x_0 to the next.
+  denoiser = as_denoiser(denoise_fn)
+  carries = denoiser.self_conditioned  # Passes each call's estimate of x_0 to the next.
   previous = jnp.zeros((batch, length, vocab_size), jnp.float32) if carries else None
 
   def call(z, t, index, first_bad, previous):
     alpha = jnp.full((batch,), schedule.alpha(t), jnp.float32)
-    logits = denoise_fn(z, alpha, previous) if carries else denoise_fn(z, alpha)
+    logits = denoiser(z, alpha, previous)
     bad = steps.nonfinite_rows(logits, jnp.where(editable, -1, z), -1)
     filtered = categorical.filter_logits(
       logits.astype(jnp.float32), temperature=temperature, top_k=top_k, top_p=top_p

@@ -179,7 +179,7 @@ def sampling_denoiser(
   within the rounding of α; an ar model and a shifted mdm read [BOS, z_0, ..., z_{L-2}].
   segment_ids and positions [B, L] (as in a batch): rows that end in padding, which the real
   tokens never attend to. A self-conditioned network reads its own first call's estimate of
-  the same z unless the sampler passes one (passes=2)."""
+  the same z unless the sampler passes one (`Denoiser`'s passes=2)."""
   schedule = schedule_of(params, config)
   time_input = "alpha" if schedule.state_dependent else config.model.time_input
   shifted = config.model.type == "ar" or config.model.shifted_prediction
@@ -192,7 +192,6 @@ def sampling_denoiser(
     shift_id=config.data.vocab_size if shifted else None,
     time_of=None if time_input == "alpha" else schedule.time_of,
     inputs=inputs,
-    passes=2 if config.model.self_condition else 1,
   )
 
 
