@@ -369,7 +369,9 @@ def _plot(rows, path):
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   families = list(dict.fromkeys(row["family"] for row in rows))
-  colors = {f: plt.get_cmap("tab10")(i) for i, f in enumerate(families)}
+  palette = plt.get_cmap("tab20").colors  # 20 distinct colours: dark then light of each hue.
+  order = [*range(0, 20, 2), *range(1, 20, 2)]
+  colors = {f: palette[order[i % 20]] for i, f in enumerate(families)}
   # Rows at one NFE spread a little by family, so their points do not pile up.
   spread = {f: 1.0 + 0.04 * (i - (len(families) - 1) / 2) for i, f in enumerate(families)}
   figure, axes = plt.subplots(1, 3, figsize=(18, 5.6))
@@ -396,7 +398,8 @@ def _plot(rows, path):
           p["label"],
           (p["nfe"] * spread[p["family"]], p["excess"]),
           fontsize=7,
-          xytext=(5, 8 if i % 2 == 0 else -16),  # Neighbours on the frontier: above, below.
+          # Neighbours on the frontier: above, below, further above, further below.
+          xytext=(5, (10, -18, 26, -34)[i % 4]),
           textcoords="offset points",
           arrowprops={"arrowstyle": "-", "lw": 0.5},
         )
@@ -418,7 +421,7 @@ def _plot(rows, path):
   figure.legend(
     handles=handles,
     loc="lower center",
-    bbox_to_anchor=(0.5, 0.035),
+    bbox_to_anchor=(0.5, 0.03),
     ncol=min(len(handles), 7),
     fontsize=8,
     frameon=False,
@@ -430,7 +433,7 @@ def _plot(rows, path):
     ha="center",
     fontsize=8,
   )
-  figure.tight_layout(rect=(0, 0.1, 1, 1))
+  figure.tight_layout(rect=(0, 0.06 + 0.04 * math.ceil(len(handles) / 7), 1, 1))
   figure.savefig(path, dpi=120)
 
 

@@ -38,7 +38,9 @@ def _nats(loaded, x, key, num_draws: int) -> np.ndarray:
       key, denoiser, x, loaded.schedule, estimator=estimator, **kwargs
     )
   )
-  draws = [np.asarray(draw(jax.random.fold_in(key, i), loaded.denoise_fn)) for i in range(num_draws)]
+  draws = [
+    np.asarray(draw(jax.random.fold_in(key, i), loaded.denoise_fn)) for i in range(num_draws)
+  ]
   return np.mean(draws, axis=0).astype(np.float64)
 
 
@@ -49,7 +51,9 @@ def main(argv):
     raise app.UsageError("--conditioned must be the self-conditioned run, --plain the other.")
   config = plain.config
   length, language = config.data.seq_len, plain.language
-  x = language.sample(rng.stream(config.data.language_seed, "eval_data"), config.eval.num_sequences, length)
+  x = language.sample(
+    rng.stream(config.data.language_seed, "eval_data"), config.eval.num_sequences, length
+  )
   key = jax.random.PRNGKey(0)
   to_bits = 1.0 / (length * math.log(2.0))
   plain_bits = _nats(plain, x, key, config.eval.num_mc_samples) * to_bits
