@@ -200,6 +200,18 @@ def test_the_network_starts_as_the_plain_one_and_checks_its_estimate():
     ({"model.type": "ar", "model.time_conditioning": "none"}, "model.type='mdm'"),
     ({"sample.cache": "exact"}, "sample.cache='none'"),
     ({"model.shifted_prediction": True}, "shifted_prediction=False"),
+    ({"model.shift_logits": True}, "shift_logits=False"),
+    ({"eval.likelihood": "order"}, "eval.likelihood='nelbo'"),
+    (
+      {
+        "diffusion.schedule": "learned_poly",
+        "model.time_conditioning": "adaln",
+        "training.estimator": "standard",
+        "eval.estimator": "standard",
+        "frontier.methods": "ancestral",
+      },
+      "mask-rate schedule",
+    ),
   ],
 )
 def test_what_self_conditioning_cannot_read_is_a_one_line_config_error(overrides, message):
