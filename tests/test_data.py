@@ -63,6 +63,7 @@ def test_rng_streams_keep_their_numbers():
     "frontier": 6,
     "lm_eval": 7,
     "post_train": 8,
+    "distill": 9,
   }
   for name, number in rng.STREAMS.items():
     expected = jax.random.fold_in(jax.random.PRNGKey(11), number)
