@@ -161,6 +161,39 @@ def test_canvas_keeps_more_positions_as_alpha_grows(chain):
     assert stats.chisquare(counts, marginal * counts.sum()).pvalue > P_VALUE
 
 
+def test_canvas_keeps_the_schedules_share_of_its_most_confident_positions():
+  """T = 4 on the linear schedule: after the step to s, round(α(s) · n) positions hold the
+  estimate, the most confident first. A stub denoiser is sure of token 0 at even positions
+  (confidence 1) and splits {0, 1} at odd ones (0.5): the kept are the even positions, then the
+  odd ones in order (ties keep their order); V = 1000, so a redrawn position is rarely 0 or 1."""
+  vocab, length, rows = 1000, 64, 4
+  seen = []
+
+  def denoise_fn(z, alpha):
+    jax.debug.callback(lambda z: seen.append(np.asarray(z)), z)
+    even = (jnp.arange(length) % 2 == 0)[None, :, None]
+    allowed = jnp.arange(vocab) < jnp.where(even, 1, 2)
+    return jnp.broadcast_to(jnp.where(allowed, 0.0, -jnp.inf), (*z.shape, vocab))
+
+  md4jax.sample(
+    jax.random.PRNGKey(5),
+    denoise_fn,
+    batch_size=rows,
+    length=length,
+    schedule="linear",
+    num_steps=4,
+    process="uniform",
+    method="canvas",
+  )
+  assert len(seen) == 4
+  by_confidence = [*range(0, length, 2), *range(1, length, 2)]
+  for state, keep in zip(seen[1:], (16, 32, 48)):  # The states after s = 0.75, 0.5, 0.25.
+    kept, rest = by_confidence[:keep], by_confidence[keep:]
+    assert np.all(np.isin(state[:, kept], (0, 1))), keep
+    assert np.all(state[:, [p for p in kept if p % 2 == 0]] == 0)
+    assert np.isin(state[:, rest], (0, 1)).sum() <= 2  # Redrawn over 1000 tokens.
+
+
 @pytest.mark.parametrize(
   "kwargs, message",
   [
