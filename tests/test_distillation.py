@@ -400,3 +400,11 @@ def test_consistency_distillation_of_a_uniform_model_runs_its_rounds(
   assert [r["scored_fraction"] for r in records if "loss" in r] == [1.0] * 4  # Every token.
   samples = [json.loads(line) for line in (tmp_path / "student" / "samples.jsonl").open()]
   assert len(samples) == 2
+
+
+def test_a_metric_that_is_not_finite_stops_the_run_naming_the_kept_checkpoint():
+  with pytest.raises(
+    FloatingPointError, match="distill: a metric is not finite at step 3.*step 2's"
+  ):
+    modes.host_metrics({"loss": jnp.float32(np.nan)}, "distill", 3, 2)
+  assert modes.host_metrics({"loss": jnp.float32(0.5)}, "distill", 3, 2) == {"loss": 0.5}

@@ -13,7 +13,6 @@ line and training_curves.png are the trainer's; the samples at the end use sampl
 """
 
 import json
-import math
 import time
 
 import jax
@@ -220,15 +219,7 @@ def distill(config: ml_collections.ConfigDict, workdir) -> dict:
         steps = student_steps(config, step)
         batch = sharding.device_batch(next(run.iterator), run.mesh)
         run.state, metrics = step_fn(run.state, batch, teacher, jnp.int32(steps))
-        metrics = {name: float(value) for name, value in sharding.to_host(metrics).items()}
-        if not all(math.isfinite(v) for v in metrics.values()):
-          kept = (
-            f"step {last_saved}'s checkpoint is kept" if last_saved else "no checkpoint was saved"
-          )
-          raise FloatingPointError(
-            f"distill: a metric is not finite at step {step} ({metrics}); stopping without "
-            f"saving it: {kept}. Try a lower optimizer.learning_rate."
-          )
+        metrics = modes.host_metrics(metrics, "distill", step, last_saved)
         window.append({**metrics, "student_steps": float(steps)})
         is_last = step == config.num_train_steps
         round_ends = step % steps_per_round == 0

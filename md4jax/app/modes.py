@@ -12,6 +12,7 @@ which nothing else writes, so it may run beside training without the lock.
 
 import contextlib
 import json
+import math
 import time
 from typing import Iterator, Optional
 
@@ -174,6 +175,19 @@ class Run:
       checkpoint.wait(self.manager)  # A pending async save completes even on error.
     finally:
       self.iterator.close()
+
+
+def host_metrics(metrics: dict, mode: str, step: int, last_saved: Optional[int]) -> dict:
+  """A step's metrics as floats on the host; FloatingPointError naming the kept checkpoint if one
+  is not finite (the step's state is then never saved)."""
+  metrics = {name: float(value) for name, value in sharding.to_host(metrics).items()}
+  if not all(math.isfinite(v) for v in metrics.values()):
+    kept = f"step {last_saved}'s checkpoint is kept" if last_saved else "no checkpoint was saved"
+    raise FloatingPointError(
+      f"{mode}: a metric is not finite at step {step} ({metrics}); stopping without saving it: "
+      f"{kept}. Try a lower optimizer.learning_rate."
+    )
+  return metrics
 
 
 @contextlib.contextmanager

@@ -290,15 +290,7 @@ def post_train(config: ml_collections.ConfigDict, workdir) -> dict:
     with preemption.StopSignals() as stop:
       for step in range(start + 1, config.num_train_steps + 1):
         run.state, metrics = step_fn(step, reference)
-        metrics = {name: float(value) for name, value in sharding.to_host(metrics).items()}
-        if not all(math.isfinite(v) for v in metrics.values()):
-          kept = (
-            f"step {last_saved}'s checkpoint is kept" if last_saved else "no checkpoint was saved"
-          )
-          raise FloatingPointError(
-            f"post_train: a metric is not finite at step {step} ({metrics}); stopping without "
-            f"saving it: {kept}. Try a lower optimizer.learning_rate."
-          )
+        metrics = modes.host_metrics(metrics, "post_train", step, last_saved)
         window.append(metrics)
         is_last = step == config.num_train_steps
         stopping = not is_last and stop.stop_after(step)
