@@ -248,6 +248,7 @@ def test_a_resume_inside_either_round_continues_exactly(base, tmp_path):
     _resumed_from(tmp_path, config, last)
 
 
+@pytest.mark.slow
 def test_the_oracle_teacher_trains_the_student_toward_its_targets(base, tmp_path):
   """With the exact denoiser as the teacher, 40 steps of one round lower the loss."""
   config = _config(
@@ -280,6 +281,7 @@ def test_bad_settings_are_one_line(base, tmp_path, overrides, message):
   assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_the_distill_config_runs_from_the_default_workdir(tmp_path):
   """configs/distill.py from a configs/default.py workdir, on the command line (shortened)."""
 
