@@ -410,3 +410,11 @@ def test_a_metric_that_is_not_finite_stops_the_run_naming_the_kept_checkpoint():
   ):
     modes.host_metrics({"loss": jnp.float32(np.nan)}, "distill", 3, 2)
   assert modes.host_metrics({"loss": jnp.float32(0.5)}, "distill", 3, 2) == {"loss": 0.5}
+
+
+def test_an_init_from_of_another_process_is_one_line(base, tmp_path):
+  config = _uniform_tiny()
+  config.distill.init_from = str(base)  # A masked model.
+  with pytest.raises(ValueError, match="trained with diffusion.process='masked'") as error:
+    distill.distill(config, tmp_path / "bad")
+  assert "\n" not in str(error.value)

@@ -83,7 +83,9 @@ def _check_init_from(config: ml_collections.ConfigDict):
   saved = json.loads(path.read_text())
   for name in _MODEL_KEYS:
     section, key = name.split(".")
-    value = saved.get(section, {}).get(key, config[section][key])
+    if section not in saved or key not in saved[section]:
+      continue  # Not an md4jax workdir's config (a Hugging Face folder's): nothing to compare.
+    value = saved[section][key]
     if value != config[section][key]:
       raise ValueError(
         f"distill.init_from was trained with {name}={value!r}, but this run has "
@@ -96,12 +98,12 @@ def _check_resume(config: ml_collections.ConfigDict, run: modes.Run):
   """A restored run continues the rounds it started: its checkpoints are a distillation's, of
   the same round lengths and teachers."""
   now = {name: config_lib.key_value(config, name) for name in _RUN_KEYS}
-  saved = run.loop_state.get("distill")
-  if saved is None:
+  if "distill" not in run.loop_state:
     raise ValueError(
       f"distill: the checkpoints in {run.workdir.checkpoints} are not a distillation run's; "
       "distill into a fresh workdir."
     )
+  saved = run.loop_state["distill"]
   changed = [
     f"{name}={saved[name]!r} (now {now[name]!r})" for name in now if saved[name] != now[name]
   ]
@@ -199,7 +201,9 @@ def distill(config: ml_collections.ConfigDict, workdir) -> dict:
     step_fn = program(config, run.model, run.optimizer, run.abstract_state, run.mesh)
     if run.restored_step is not None:
       _check_resume(config, run)
-    init_from_step = run.loop_state.get("init_from_step", run.init_from_step)
+    # A fresh run's starting checkpoint, or the one its first checkpoint recorded.
+    restored = run.restored_step is not None
+    init_from_step = run.loop_state["init_from_step"] if restored else run.init_from_step
     run_settings = {name: config_lib.key_value(config, name) for name in _RUN_KEYS}
     start = int(sharding.to_host(run.state.step))
     teacher = None
