@@ -315,7 +315,7 @@ def test_values_and_gradients_are_finite_down_to_the_smallest_time(schedule_name
     (dict(process="absorbing"), "Unknown process"),
     (dict(process="uniform", estimator="forced_target"), "estimator='standard' only"),
     (dict(process="uniform", endpoint_terms="md4"), "endpoint_terms='sampled' only"),
-    (dict(process="uniform", block_size=2), "block_size=None only"),
+    (dict(process="uniform", block_size=3), "block_size must divide"),
     (dict(process="uniform", time_input="t"), "time_input='alpha' only"),
   ],
 )

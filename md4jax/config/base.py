@@ -157,7 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
   config.diffusion.exponent_gradient = "rloo"  # Learned schedules: gradient of w through the masks, "rloo" (two draws, leave-one-out baseline) or "score" (no baseline).
   config.diffusion.reconstruction_time = 1e-4  # Learned schedules: epsilon; t < epsilon is one reconstruction step (md4jax.diffusion.genmd4); 0 = none.
-  config.diffusion.block_size = 0  # Block diffusion (BD3-LM): blocks of this many tokens, each diffused given the clean blocks before it (dividing data.seq_len; a time-free mdm); 0 or seq_len = the whole sequence.
+  config.diffusion.block_size = 0  # Block diffusion (BD3-LM): blocks of this many tokens, each diffused given the clean blocks before it (dividing data.seq_len; a time-free mdm, or under diffusion.process='uniform' one reading each position's noise level); 0 or seq_len = the whole sequence.
   config.diffusion.endpoint_terms = "sampled"  # Schedules with α(0) < 1 or α(1) > 0: "sampled" (Monte Carlo terms, the exact bound) or "md4" (MD4's constant reconstruction term, no prior term).
 
   config.optimizer = ml_collections.ConfigDict()

@@ -79,10 +79,6 @@ def validate_process(config: ml_collections.ConfigDict):
     "diffusion.process='uniform' takes a mask-rate schedule.",
   )
   check(
-    config.diffusion.block_size in (0, config.data.seq_len),
-    "diffusion.block_size: diffusion.process='uniform' has no block diffusion yet; set it to 0.",
-  )
-  check(
     config.sample.length <= config.data.seq_len,
     f"sample.length={config.sample.length}: diffusion.process='uniform' samples one block of at "
     f"most data.seq_len={config.data.seq_len} tokens.",

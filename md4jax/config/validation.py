@@ -235,13 +235,14 @@ def _validate_diffusion(config: ml_collections.ConfigDict):
 
 
 def _validate_blocks(config: ml_collections.ConfigDict):
-  """diffusion.block_size: block diffusion trains a time-free mdm in one two-stream pass."""
+  """diffusion.block_size: block diffusion trains an mdm in one two-stream pass, time-free under
+  masking, reading each position's noise level under uniform noise (`validate_process`)."""
   size, seq_len = config.diffusion.block_size, config.data.seq_len
   check(
     size >= 0 and (size == 0 or seq_len % size == 0),
     f"diffusion.block_size={size} must be 0 or divide data.seq_len={seq_len}.",
   )
-  if not 0 < size < seq_len:
+  if not 0 < size < seq_len or config.diffusion.process == "uniform":
     return
   needs = {
     "model.type": (config.model.type, "mdm"),

@@ -136,7 +136,9 @@ def nelbo(
     process: "masked" (absorbing: a token becomes mask_id) or "uniform" (a token becomes a
       uniform draw over the V tokens, V the denoiser's logits; `md4jax.diffusion.uniform`):
       then denoise_fn(z_t, alpha_t) reads z_t in [0, V), and only the standard estimator, a
-      mask-rate schedule, the sampled endpoint terms and time_input "alpha" apply.
+      mask-rate schedule, the sampled endpoint terms and time_input "alpha" apply; with
+      block_size < L, denoise_fn(z, keep [B, L]) reads each position's probability of holding
+      its clean token (`md4jax.diffusion.uniform.block_nelbo`).
     estimator: "standard" (w(t) Σ_masked CE), "forced_target" (docs/math.md § 5: one
       forced-masked target position, weight −α′(t) · n_editable), or
       "mask_count" (continuous only: uniform mask count, bounded variance).
@@ -188,9 +190,9 @@ def nelbo(
         time_input=(time_input, "alpha"),
         endpoint_terms=(endpoint_terms, "sampled"),
         draws=(draws, None),
-        block_size=(None if block_size == x.shape[-1] else block_size, None),
         mask_rates=(mask_rates, None),
       ),
+      block_size=block_size,
     )
   if mask_id is None:
     raise ValueError("nelbo: the masked process needs mask_id (== V, one past the vocabulary).")

@@ -129,16 +129,18 @@ class MarkovLanguage:
 
   def uniform_denoise_fn(self, editable=None):
     """The exact denoiser of the uniform-state process: logits of p(x_ℓ | z_t), called as
-    (z_t [B, L] in [0, V), alpha_t [B]); every position's evidence for value k is
-    α [z_ℓ = k] + (1 − α)/V (docs/math.md § 13). editable: bool [B, L] or None; a False
-    position was never noised, so its evidence is one-hot."""
+    (z_t [B, L] in [0, V), alpha_t [B], or [B, L]: each position's own, as block diffusion's
+    denoiser is called); every position's evidence for value k is α [z_ℓ = k] + (1 − α)/V
+    (docs/math.md § 13). editable: bool [B, L] or None; a False position was never noised, so
+    its evidence is one-hot."""
     initial = jnp.asarray(self.initial, jnp.float32)
     transition = jnp.asarray(self.transition, jnp.float32)
     vocab_size = self.vocab_size
 
     def denoise(z_t: Array, alpha_t: Array) -> Array:
       seen = jax.nn.one_hot(z_t, vocab_size, dtype=jnp.float32)
-      alpha = jnp.asarray(alpha_t, jnp.float32)[:, None, None]
+      alpha = jnp.asarray(alpha_t, jnp.float32)
+      alpha = alpha[:, None, None] if alpha.ndim == 1 else alpha[..., None]
       evidence = alpha * seen + (1.0 - alpha) / vocab_size
       if editable is not None:
         evidence = jnp.where(editable[..., None], evidence, seen)

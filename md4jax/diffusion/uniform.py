@@ -26,7 +26,7 @@ the ancestral sampler's step (`reverse_probs`). Above the continuous bound, → 
 """
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import chex
 import jax
@@ -70,17 +70,23 @@ def _log_rate_ratios(log_probs: Array, z_t: Array, log_odds: Array, log_stay: Ar
   return jnp.logaddexp(log_odds + log_probs, jnp.logaddexp(log_rest, log_at + log_stay))
 
 
+def _per_token(value: Array) -> Array:
+  """A per-sequence [B] or per-position [B, L] value as [B, 1 or L, 1], against [B, L, V]."""
+  return value[:, None, None] if value.ndim == 1 else value[..., None]
+
+
 def continuous_integrand(
   log_probs: Array, x: Array, z_t: Array, alpha: Array, mask_prob: Array, rate: Array
 ) -> Array:
-  """Σ_{v≠z_i} of the bound's integrand at each position, [B, L] (β = rate [B]): in log ratios,
-  ρ_x (e^u − 1 − u) with u = log ρ_θ − log ρ_x, accurate both where the terms are tiny (a
-  confident, correct denoiser) and where ρ_x ~ 1/t is huge (a token noised at small t)."""
+  """Σ_{v≠z_i} of the bound's integrand at each position, [B, L] (α, 1 − α and β = rate: [B],
+  or [B, L] per position): in log ratios, ρ_x (e^u − 1 − u) with u = log ρ_θ − log ρ_x,
+  accurate both where the terms are tiny (a confident, correct denoiser) and where ρ_x ~ 1/t is
+  huge (a token noised at small t)."""
   vocab_size = log_probs.shape[-1]
   # t^K of a polynomial schedule underflows float32 at the smallest t = u²: keep log finite.
   mask_prob = jnp.maximum(mask_prob, jnp.finfo(jnp.float32).tiny)
-  log_odds = (math.log(vocab_size) + jnp.log(alpha) - jnp.log(mask_prob))[:, None, None]  # α/c
-  log_stay = (jnp.log(mask_prob) - jnp.log(vocab_size * alpha + mask_prob))[:, None, None]
+  log_odds = _per_token(math.log(vocab_size) + jnp.log(alpha) - jnp.log(mask_prob))  # α/c
+  log_stay = _per_token(jnp.log(mask_prob) - jnp.log(vocab_size * alpha + mask_prob))
   tokens = jnp.arange(vocab_size)
   noised = (z_t != x)[..., None]
   # log ρ_x: log c/(α + c) off a clean position; from a noised one, log (α + c)/c into x, else 0.
@@ -95,7 +101,7 @@ def continuous_integrand(
   # (β/V) ρ_x (e^u − 1 − u), with β/V inside the exponentials (ρ alone passes float32's range
   # at small t): for small u by expm1 (no cancellation), for large u as ρ_θ − ρ_x (1 + u), so
   # e^u itself, up to (V/t)², is never formed.
-  log_scale = jnp.log(rate / vocab_size)[:, None, None]
+  log_scale = _per_token(jnp.log(rate / vocab_size))
   weight = jnp.exp(log_true + log_scale)
   bounded = jnp.minimum(gap, 1.0)
   small = weight * (jnp.expm1(bounded) - bounded)
@@ -140,6 +146,12 @@ def _log_probs(denoise_fn, z_t, alpha):
   return jax.nn.log_softmax(denoise_fn(z_t, alpha).astype(jnp.float32), axis=-1)
 
 
+def _jump_rate(schedule, t: Array, alpha: Array) -> Array:
+  """β = −α′/α at t; where α = 0 (t = 1 of a schedule ending all-noise) the integrand's limit
+  is 0."""
+  return jnp.where(alpha > 0, -schedule.dalpha(t) / jnp.where(alpha > 0, alpha, 1.0), 0.0)
+
+
 def continuous_loss_at(
   key: Array, denoise_fn: DenoiseFn, x: Array, schedule, t: Array, *, editable: Array
 ) -> Array:
@@ -148,8 +160,7 @@ def continuous_loss_at(
   vocab_size = jax.eval_shape(denoise_fn, x, t).shape[-1]
   alpha, mask_prob = schedule.alpha(t), schedule.mask_prob(t)
   z_t = corrupt(key, x, alpha, vocab_size=vocab_size, editable=editable)
-  # β = −α′/α; where α = 0 (t = 1 of a schedule ending all-noise) the integrand's limit is 0.
-  rate = jnp.where(alpha > 0, -schedule.dalpha(t) / jnp.where(alpha > 0, alpha, 1.0), 0.0)
+  rate = _jump_rate(schedule, t, alpha)
   log_probs = _log_probs(denoise_fn, z_t, alpha)
   integrand = continuous_integrand(log_probs, x, z_t, alpha, mask_prob, rate)
   return jnp.where(editable, integrand, 0.0).sum(-1)
@@ -203,7 +214,127 @@ def nelbo(
   return total
 
 
-def checked_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, **kwargs):
+def keep_probabilities(alpha: Array, state: Array) -> Array:
+  """[B, L]: each position's probability of holding its clean token, as a block's denoiser reads
+  it, from state [B, L] (1: the block's editable positions, −1: later editable positions, 0:
+  clean) and the block's α [B]: α, 0 (a uniform draw) and 1."""
+  return jnp.where(state > 0, alpha[:, None], jnp.where(state < 0, 0.0, 1.0))
+
+
+def block_nelbo(
+  key: Array,
+  denoise_fn: DenoiseFn,
+  x: Array,
+  schedule,
+  block_size: int,
+  *,
+  vocab_size: int,
+  editable: Optional[Array] = None,
+  num_steps: Optional[int] = None,
+  t_sampling: str = "stratified",
+  row_index: Optional[Array] = None,
+  num_rows: Optional[int] = None,
+) -> Array:
+  """Block diffusion's bound under uniform noise, nats [B]: Σ_k of block k's bound given the
+  clean blocks before it, each with its own draws (`nelbo`'s, continuous or at T steps). The
+  reference path over any denoiser, one call per block: denoise_fn(z, keep [B, L]) reads the
+  clean prefix (keep 1), the noisy block (keep α(t)) and every later editable position as a
+  uniform draw (keep 0); given positions show their token (keep 1). With the exact posterior
+  under those emissions each block's term is unbiased for −log p(x_k | x_<k), so the sum is
+  unbiased for −log p(x)."""
+  editable = masking.editable_or_all(x, editable)
+  block_of = jnp.arange(x.shape[1]) // block_size
+  noise_key, key = jax.random.split(key)
+  noise = uniform_tokens(row_keys(noise_key, x.shape[0], row_index), x.shape, vocab_size)
+
+  def add_block(block, total):
+    later = (block_of > block) & editable
+    state = jnp.where(later, -1, ((block_of == block) & editable).astype(jnp.int32))
+
+    def block_fn(z, alpha):
+      return denoise_fn(jnp.where(later, noise, z), keep_probabilities(alpha, state))
+
+    return total + nelbo(
+      jax.random.fold_in(key, block),
+      block_fn,
+      x,
+      schedule,
+      vocab_size=vocab_size,
+      editable=state > 0,
+      num_steps=num_steps,
+      t_sampling=t_sampling,
+      row_index=row_index,
+      num_rows=num_rows,
+    )
+
+  return jax.lax.fori_loop(0, x.shape[1] // block_size, add_block, jnp.zeros(x.shape[:1]))
+
+
+PairFn = Callable[[Array, Array, Array], Array]
+
+
+def one_pass_block_nelbo(
+  key: Array,
+  pair_fn: PairFn,
+  x: Array,
+  schedule,
+  block_size: int,
+  *,
+  editable: Optional[Array] = None,
+  t_sampling: str = "stratified",
+  row_index: Optional[Array] = None,
+  num_rows: Optional[int] = None,
+) -> Array:
+  """One draw of `block_nelbo` (continuous time) from one call of the two-stream pass,
+  pair_fn(z_t [B, L], x [B, L], keep [B, L]) -> logits of every noisy block given the clean
+  blocks before it (`Transformer(block_size=b)(z_t, keep, clean=x)`; keep: each position's
+  probability of holding its clean token, α(t_k) in block k, 1 at given positions). Each block
+  draws its own t (stratified over the global batch per block), so its term is `nelbo`'s for
+  that block; a schedule with α(0) < 1 costs a second pass for the reconstruction terms."""
+  batch, length = x.shape
+  if length % block_size:
+    raise ValueError(f"block_size must divide the length {length}, got {block_size}.")
+  editable = masking.editable_or_all(x, editable)
+  time_key, draw_key = jax.random.split(key)
+  u = jnp.stack(
+    [
+      sample_times(
+        jax.random.fold_in(time_key, block),
+        batch,
+        t_sampling,
+        row_index=row_index,
+        num_rows=num_rows,
+      )
+      for block in range(length // block_size)
+    ],
+    axis=1,
+  )  # [B, K]
+  t = u * u  # As `nelbo`: t = u², weighted by 2u.
+  per_position = lambda value: jnp.repeat(value, block_size, axis=1)
+  alpha_blocks = schedule.alpha(t)
+  alpha = per_position(alpha_blocks)
+  mask_prob = per_position(schedule.mask_prob(t))
+  rate = per_position(_jump_rate(schedule, t, alpha_blocks))
+  main_key, recon_key = masking.split_keys(row_keys(draw_key, batch, row_index), 2)
+  vocab_size = jax.eval_shape(pair_fn, x, x, alpha).shape[-1]
+  z_t = corrupt(main_key, x, alpha, vocab_size=vocab_size, editable=editable)
+  logits = pair_fn(z_t, x, jnp.where(editable, alpha, 1.0))
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  integrand = continuous_integrand(log_probs, x, z_t, alpha, mask_prob, rate)
+  total = jnp.where(editable, per_position(2.0 * u) * integrand, 0.0).sum(-1)
+  if schedule.needs_prior_term:
+    total += editable.sum(-1) * prior_kl(schedule.alpha_at_1, vocab_size)
+  if schedule.needs_reconstruction_term:
+    alpha_0 = jnp.full(x.shape, schedule.alpha_at_0)
+    z_0 = corrupt(recon_key, x, alpha_0, vocab_size=vocab_size, editable=editable)
+    logits = pair_fn(z_0, x, jnp.where(editable, alpha_0, 1.0))
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, x[..., None], axis=-1)[..., 0]
+    total += jnp.where(editable, nll, 0.0).sum(-1)
+  return total
+
+
+def checked_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, block_size=None, **kwargs):
   """`bounds.nelbo(process="uniform")`: the bound, after refusing the masked process's options
   (refused: {name: (given, the only value taken)})."""
   for name, (given, only) in refused.items():
@@ -232,6 +363,19 @@ def checked_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, **kwargs)
   logits = jax.eval_shape(denoise_fn, x, jnp.ones(x.shape[:1], jnp.float32))
   if logits.ndim != 3 or logits.shape[:2] != x.shape:
     raise ValueError(f"nelbo: the denoiser must return logits [B, L, V], got {logits.shape}.")
+  if block_size is not None and block_size < x.shape[1]:
+    if block_size < 1 or x.shape[1] % block_size:
+      raise ValueError(f"block_size must divide the length {x.shape[1]}, got {block_size}.")
+    return block_nelbo(
+      key,
+      denoise_fn,
+      x,
+      schedule,
+      block_size,
+      vocab_size=logits.shape[-1],
+      num_steps=num_steps,
+      **kwargs,
+    )
   return nelbo(
     key, denoise_fn, x, schedule, vocab_size=logits.shape[-1], num_steps=num_steps, **kwargs
   )

@@ -7,7 +7,15 @@ import jax.numpy as jnp
 
 from md4jax.model import lora
 from md4jax.model.attention import Attention
-from md4jax.model.layers import HIDDEN, SwiGLU, adaln_projection, constrain, make_norm, modulate
+from md4jax.model.layers import (
+  HIDDEN,
+  SwiGLU,
+  adaln_projection,
+  constrain,
+  make_norm,
+  modulate,
+  per_position,
+)
 from md4jax.model.projection import PROJECTION
 
 
@@ -33,7 +41,8 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, cond, mask, rope, segment_ids=None, cache=None):
-    """x [B, L, D]; cond [B, C] (the activated time embedding) or None; mask, rope,
+    """x [B, L, D]; cond [B, C] or [B, L, C] (the activated time embedding, one per sequence or
+    per position) or None; mask, rope,
     segment_ids and cache as Attention takes them (with cache: returns (x, x's keys and values))."""
     model_dim = x.shape[-1]
     norm = lambda name: make_norm(self.norm, self.norm_eps, self.dtype, name)
@@ -80,8 +89,8 @@ class Block(nn.Module):
     cond_names = ("embed" if cond.shape[-1] == model_dim else "time",)  # A narrower one: whole.
     mod = adaln_projection(6 * model_dim, cond_names, self.biases, self.dtype, "adaln")(cond)
     shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(mod, 6, axis=-1)
-    x = x + gate1[:, None, :] * attend(modulate(norm("attn_norm")(x), shift1, scale1))
-    x = x + gate2[:, None, :] * mlp(modulate(norm("mlp_norm")(x), shift2, scale2))
+    x = x + per_position(gate1) * attend(modulate(norm("attn_norm")(x), shift1, scale1))
+    x = x + per_position(gate2) * mlp(modulate(norm("mlp_norm")(x), shift2, scale2))
     x = constrain(x, HIDDEN)
     return x if cache is None else (x, kv)
 

@@ -75,7 +75,7 @@ def constrain(x, names):
 
 
 def timestep_features(time, dim, max_period=10000.0, style="dit"):
-  """Sinusoidal features of a time value in [0, 1] (alpha(t) or t) [B] -> [B, dim] float32.
+  """Sinusoidal features of a time value in [0, 1] (alpha(t) or t) [...] -> [..., dim] float32.
 
   The value is scaled by 1000 first so that the [0, 1] range spans many periods of
   the fastest frequencies (as diffusion models do with integer timesteps). style
@@ -89,17 +89,22 @@ def timestep_features(time, dim, max_period=10000.0, style="dit"):
     freqs = jnp.exp(jnp.arange(half, dtype=jnp.float32) * -step)
   else:
     freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
-  args = 1000.0 * jnp.asarray(time, jnp.float32)[:, None] * freqs
+  args = 1000.0 * jnp.asarray(time, jnp.float32)[..., None] * freqs
   pair = (jnp.sin(args), jnp.cos(args)) if style == "ddpm" else (jnp.cos(args), jnp.sin(args))
   feats = jnp.concatenate(pair, axis=-1)
   if dim % 2:
-    feats = jnp.pad(feats, ((0, 0), (0, 1)))
+    feats = jnp.pad(feats, ((0, 0),) * (feats.ndim - 1) + ((0, 1),))
   return feats
 
 
+def per_position(modulation):
+  """An adaLN modulation [B, D] (one per sequence) as [B, 1, D]; [B, L, D] (one per position) as
+  it is."""
+  return modulation[:, None, :] if modulation.ndim == 2 else modulation
+
+
 def modulate(x, shift, scale):
-  # shift/scale are [B, D]; broadcast over the sequence axis.
-  return x * (1 + scale[:, None, :]) + shift[:, None, :]
+  return x * (1 + per_position(scale)) + per_position(shift)
 
 
 class Projection(nn.Module):

@@ -146,11 +146,6 @@ class Transformer(nn.Module):
         f"block_size {self.block_size} needs a bidirectional network (causal=False) and a "
         f"length it divides, got causal={self.causal}, length {length}"
       )
-    if clean is not None and self.time_conditioning != "none":
-      raise ValueError(
-        "clean (block diffusion's training pass) draws t per block; the network must be "
-        f"time-free (time_conditioning='none'), got {self.time_conditioning!r}"
-      )
     return (self.block_size, clean is not None)
 
   def _blocks(self, x, cond, mask, rope, segment_ids, block_layout, cache=None):
@@ -241,16 +236,19 @@ class Transformer(nn.Module):
     previous=None,
   ):
     """tokens [B, L] int32; alpha [B] float or None: the time value per sequence, alpha(t) or t
-    (`md4jax.training.objective.denoiser` passes what config.model.time_input names).
+    (`md4jax.training.objective.denoiser` passes what config.model.time_input names); or [B, L]:
+    one per position (adaLN modulates each position by its own: block diffusion of the
+    uniform-state process, whose blocks are at different noise levels).
 
     segment_ids [B, L] int (1, 2, ... per packed document, 0 = padding) or None:
     given, a position attends only to positions of its own nonzero segment.
     positions [B, L] int in [0, L) (restarting per document) or None (0 .. L-1) feed RoPE.
-    clean [B, L] int (block_size > 0, a time-free network): BD3-LM's training pass. The
-    network reads tokens (z_t) and clean (x) together, each noisy block its own noisy tokens
-    and the clean blocks before it (`attention.block_pattern`), and returns the logits of
-    every noisy block at once: what one call per block, each on the clean prefix and the noisy
-    block, would give.
+    clean [B, L] int (block_size > 0): BD3-LM's training pass. The network reads tokens (z_t)
+    and clean (x) together, each noisy block its own noisy tokens and the clean blocks before it
+    (`attention.block_pattern`), and returns the logits of every noisy block at once: what one
+    call per block, each on the clean prefix and the noisy block, would give. A time-conditioned
+    network takes alpha [B, L] (each noisy position's; the clean stream reads α = 1, as a clean
+    prefix does in a call per block, or a cached block).
     cache {"k", "v": [N, B, C, Hkv, Dh], "valid": [C] bool} (block diffusion's sampler): tokens
     are one block at absolute positions (given, any size) that reads the valid cached keys and
     values and itself; returns (logits, {"k", "v": the block's own, [N, B, L, Hkv, Dh]}).
@@ -275,6 +273,14 @@ class Transformer(nn.Module):
           f"clean must have the tokens' shape {tokens.shape}, got {jnp.shape(clean)}"
         )
       tokens = jnp.concatenate([tokens, jnp.asarray(clean, tokens.dtype)], axis=1)
+      if self.time_conditioning != "none":
+        alpha = jnp.asarray(alpha)
+        if alpha.shape != (tokens.shape[0], length):
+          raise ValueError(
+            f"clean with time conditioning takes alpha [B, L]=({tokens.shape[0]}, {length}) "
+            f"(each noisy position's), got {alpha.shape}"
+          )
+        alpha = jnp.concatenate([alpha, jnp.ones_like(alpha)], axis=1)  # The clean stream: α = 1.
       if segment_ids is not None:
         segment_ids = jnp.tile(jnp.asarray(segment_ids), (1, 2))
       if positions is not None:
@@ -350,8 +356,11 @@ class Transformer(nn.Module):
     cond = None
     if self.time_conditioning == "adaln":
       alpha = jnp.asarray(alpha)
-      if alpha.shape != (tokens.shape[0],):
-        raise ValueError(f"alpha must have shape [B]=({tokens.shape[0]},), got {alpha.shape}")
+      if alpha.shape not in ((tokens.shape[0],), tokens.shape):
+        raise ValueError(
+          f"alpha must have shape [B]=({tokens.shape[0]},) or [B, L]={tokens.shape}, got "
+          f"{alpha.shape}"
+        )
       width = self.time_dim or self.model_dim
       hidden = self.time_hidden_dim or width
       c = dense(hidden, ("time", width_name(hidden)), "time_in")(
@@ -374,6 +383,8 @@ class Transformer(nn.Module):
         x, cond, mask, rope, segment_ids, block_layout, (cache["k"], cache["v"], cache["valid"])
       )
     x = x[:, :length]  # With clean: the noisy stream's.
+    if cond is not None and cond.ndim == 3:
+      cond = cond[:, :length]
 
     x = make_norm(self.norm, self.norm_eps, self.dtype, "final_norm")(x)
     if cond is not None:

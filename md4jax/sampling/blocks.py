@@ -8,9 +8,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from md4jax.diffusion import masking
+from md4jax.diffusion import masking, uniform
 from md4jax.diffusion.denoiser import Denoiser
-from md4jax.sampling import samplers, steps
+from md4jax.sampling import samplers, steps, uniform_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,9 @@ class Plan:
   guidance: float
   eos_id: Optional[int]
   offset: int = 0  # Where the first block starts: the positions before it are given.
+  # "uniform": each block is sampled by `uniform_state.run` from uniform noise (settings'
+  # method, steps, schedule and filters; its mask_id = V only marks unsampled buffer positions).
+  process: str = "masked"
 
   @property
   def padded(self) -> int:
@@ -171,19 +174,79 @@ def _block(plan: Plan, keys, denoiser, tokens, given, cache, block):
   new, calls, broken, trajectory = samplers.run(plan.settings, block_keys, block_denoiser, z)
   broken = jnp.where(broken >= 0, broken + extra_calls, -1)
   tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
-  if plan.cache == "exact" and plan.slots:
-    if written is None:
-      _, written = _cached_call(plan, denoiser, tokens, start, cache, block_given)(new, clean_alpha)
-      writes = 1
-    slot = (block % max(plan.slots // b, 1)) * b  # A ring of whole blocks.
-    cache = {
-      "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], written["k"], slot, axis=2),
-      "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], written["v"], slot, axis=2),
-      "valid": jax.lax.dynamic_update_slice_in_dim(cache["valid"], jnp.ones(b, bool), slot, 0),
-    }
+  cache, writes = _written(plan, denoiser, tokens, start, cache, block_given, block, written)
   if plan.cache == "exact" and denoiser.shift_id is not None and b == 1:
     calls = jnp.int32(1)  # The block's own calls read the one call's logits.
   return tokens, cache, calls + extra_calls, writes, broken, trajectory
+
+
+def _written(plan: Plan, denoiser, tokens, start, cache, block_given, block, written=None):
+  """(cache with block `block`'s keys and values, the calls that cost: 0 or 1): the exact cache's
+  ring of whole blocks gets the finished block's, computed from its clean tokens at α = 1."""
+  if plan.cache != "exact" or not plan.slots:
+    return cache, 0
+  b, writes = plan.block_size, 0
+  if written is None:
+    clean_alpha = jnp.ones((plan.batch_size,), jnp.float32)
+    new = jax.lax.dynamic_slice_in_dim(tokens, start, b, axis=1)
+    _, written = _cached_call(plan, denoiser, tokens, start, cache, block_given)(new, clean_alpha)
+    writes = 1
+  slot = (block % max(plan.slots // b, 1)) * b  # A ring of whole blocks.
+  cache = {
+    "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], written["k"], slot, axis=2),
+    "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], written["v"], slot, axis=2),
+    "valid": jax.lax.dynamic_update_slice_in_dim(cache["valid"], jnp.ones(b, bool), slot, 0),
+  }
+  return cache, writes
+
+
+def _uniform_block(plan: Plan, keys, denoiser, tokens, given, cache, block):
+  """`_block` of the uniform-state process: block `block` sampled from uniform noise by
+  `uniform_state.run`, each call reading every position's probability of holding its clean
+  token (1 before the block and at given positions, the step's α in the block, 0 after: later
+  positions are uniform draws), through a window (cache "none") or the exact cache."""
+  b = plan.block_size
+  start = plan.offset + block * b
+  block_given = jax.lax.dynamic_slice_in_dim(given, start, b, axis=1)
+  block_keys = keys if plan.num_blocks == 1 else steps.fold_in(keys, block)
+  noise_key, block_keys = masking.split_keys(block_keys, 2)
+  if plan.cache == "exact":
+    call = _cached_call(plan, denoiser, tokens, start, cache, block_given)
+    block_denoiser = lambda z, alpha: call(z, jnp.where(block_given, 1.0, alpha[:, None]))[0]
+  else:
+    first = jnp.maximum(start + b - plan.window, 0)
+    windowed = _window_inputs(plan, denoiser, first)
+    columns = first + jnp.arange(plan.window)
+    shown_given = jax.lax.dynamic_slice_in_dim(given, first, plan.window, axis=1)
+    later = (columns >= start + b) & ~shown_given
+    noise = uniform.uniform_tokens(noise_key, (plan.batch_size, plan.window), plan.settings.mask_id)
+    shown = jnp.where(later, noise, jax.lax.dynamic_slice_in_dim(tokens, first, plan.window, 1))
+    inside = (columns >= start) & (columns < start + b) & ~shown_given
+    state = jnp.where(later, -1, inside.astype(jnp.int32))
+
+    def block_denoiser(z, alpha):
+      window = jax.lax.dynamic_update_slice_in_dim(shown, z, start - first, axis=1)
+      logits = windowed(window, uniform.keep_probabilities(alpha, state))
+      return jax.lax.dynamic_slice_in_dim(logits, start - first, b, axis=1)
+
+  settings = plan.settings
+  z = jax.lax.dynamic_slice_in_dim(tokens, start, b, axis=1)
+  new, info = uniform_state.run(
+    block_keys,
+    block_denoiser,
+    jnp.where(block_given, z, 0),
+    ~block_given,
+    schedule=settings.schedule,
+    method=settings.method,
+    num_steps=settings.num_steps,
+    temperature=settings.temperature,
+    top_k=settings.top_k,
+    top_p=settings.top_p,
+    noise=settings.noise,
+  )
+  tokens = jax.lax.dynamic_update_slice_in_dim(tokens, new, start, axis=1)
+  cache, writes = _written(plan, denoiser, tokens, start, cache, block_given, block)
+  return tokens, cache, info["nfe"], writes, info["nonfinite_call"], None
 
 
 def _ended(plan: Plan, tokens, given, end):
@@ -211,8 +274,9 @@ def decode(plan: Plan, key, row_offset, denoiser, prompt, prompt_mask):
   if plan.cache == "exact":
     cache = denoiser.cache_layout.empty(plan.rows, plan.slots)
   zero = jnp.int32(0)
+  sample_block = _uniform_block if plan.process == "uniform" else _block
   if plan.num_blocks == 1:
-    tokens, _, nfe, writes, broken, trajectory = _block(
+    tokens, _, nfe, writes, broken, trajectory = sample_block(
       plan, keys, denoiser, tokens, given, cache, zero
     )
     blocks = jnp.int32(1)
@@ -227,7 +291,7 @@ def decode(plan: Plan, key, row_offset, denoiser, prompt, prompt_mask):
 
     def one_block(carry):
       block, tokens, cache, nfe, writes, broken = carry
-      tokens, cache, calls, wrote, new_broken, _ = _block(
+      tokens, cache, calls, wrote, new_broken, _ = sample_block(
         plan, keys, denoiser, tokens, given, cache, block
       )
       broken = jnp.where((broken < 0) & (new_broken >= 0), nfe + new_broken, broken)

@@ -178,8 +178,12 @@ def sample(
     process: "masked" (every method above) or "uniform": the uniform-state process (no mask id;
       denoise_fn(z in [0, V), alpha) -> logits [B, L, V]), sampled from uniform noise by
       `md4jax.sampling.uniform_state` (method "ancestral", "greedy_tail" or "canvas", num_steps
-      required; a prompt's positions, or those where prompt_mask is True, are given); one block,
-      cache "none", no EOS, guidance or trajectory. info holds "nfe" and "nonfinite_call".
+      required; a prompt's positions, or those where prompt_mask is True, are given); no EOS,
+      guidance, trajectory or block offset. With block_size < length or cache "exact" (block
+      diffusion under uniform noise) each block is sampled given the ones before it, and
+      denoise_fn(z, keep [B, L]) reads each position's probability of holding its clean token
+      (1 before the block, the step's α in it, 0 after; a cached block call reads [B, b]).
+      info holds "nfe" and "nonfinite_call" (and, with blocks, the block decoder's).
     row_offset: the request's row index of this call's row 0: rows row_offset .. row_offset + B − 1
       of a larger request (an integer >= 0; a traced one under jit). A call at batch 2 with
       row_offset 3 returns rows 3 and 4 of the same call at batch 8, bit for bit wherever a
@@ -202,6 +206,34 @@ def sample(
     positions; inside a caller's jit, check the info with `samplers.check_logits` and
     `arguments.check_filled`.
   """
+  if process == "uniform" and (block_size not in (None, length) or cache != "none"):
+    return _sample_uniform_blocks(
+      key,
+      denoise_fn,
+      batch_size=batch_size,
+      length=length,
+      prompt=prompt,
+      prompt_mask=prompt_mask,
+      block_size=block_size,
+      cache=cache,
+      context_length=context_length,
+      refused=dict(
+        mask_id=(mask_id, None),
+        eos_id=(eos_id, None),
+        guidance_scale=(guidance_scale, 0.0),
+        record_trajectory=(record_trajectory, False),
+        block_offset=(block_offset, 0),
+        row_offset=(row_offset, 0),
+        time_grid_kind=(time_grid_kind, "uniform"),
+      ),
+      schedule=schedule,
+      method=method,
+      num_steps=num_steps,
+      temperature=float(temperature),
+      top_k=top_k,
+      top_p=top_p,
+      noise=noise,
+    )
   if process == "uniform":
     return _sample_uniform(
       key,
@@ -212,8 +244,6 @@ def sample(
       prompt_mask=prompt_mask,
       refused=dict(
         mask_id=(mask_id, None),
-        block_size=(None if block_size == length else block_size, None),
-        cache=(cache, "none"),
         eos_id=(eos_id, None),
         guidance_scale=(guidance_scale, 0.0),
         record_trajectory=(record_trajectory, False),
@@ -332,6 +362,68 @@ def _sample_uniform(key, denoise_fn, **kwargs):
   tokens, info = uniform_state.sample(key, denoise_fn, **kwargs)
   if not isinstance(info["nonfinite_call"], jax.core.Tracer):
     samplers.check_logits(info, kwargs["method"])
+  return tokens, info
+
+
+def _sample_uniform_blocks(
+  key,
+  denoise_fn,
+  *,
+  batch_size,
+  length,
+  prompt,
+  prompt_mask,
+  block_size,
+  cache,
+  context_length,
+  refused,
+  **settings,
+):
+  """`sample(process="uniform")` block after block (or through the exact cache): the block
+  decoder, each block sampled by `uniform_state.run`."""
+  if isinstance(settings["schedule"], str):
+    settings["schedule"] = get_schedule(settings["schedule"])
+  uniform_state.check_settings(refused, settings)
+  if cache not in ("none", "exact"):
+    raise ValueError(
+      f"sample: process='uniform' takes cache 'none' or 'exact', got {cache!r} (Fast-dLLM's "
+      "caches approximate a masked sampler's)."
+    )
+  denoiser = as_denoiser(denoise_fn)
+  if denoiser.self_conditioned:
+    raise ValueError(
+      "sample: process='uniform' with block_size < length or a cache passes no estimate of x_0; "
+      "a self-conditioned denoiser samples one block with cache='none'."
+    )
+  block_size, num_blocks, window = arguments.check_blocks(length, block_size, context_length, 0)
+  arguments.check_key(key)
+  arguments.check_inputs(denoiser, cache, batch_size, length)
+  arguments.check_cache(cache, denoiser, block_size, window, num_blocks * block_size)
+  vocab_size = uniform_state.vocab_size_of(denoise_fn, batch_size, length)
+  if prompt is not None:
+    arguments.check_prompt_shape(prompt, prompt_mask, batch_size, length)
+    uniform_state.check_prompt_ids(prompt, vocab_size)
+  slots = 0
+  if cache == "exact":  # The cache holds at most the positions before the last block.
+    padded = num_blocks * block_size
+    slots = min(padded if context_length is None else context_length, padded) - block_size
+  plan = blocks.Plan(
+    settings=samplers.Settings(mask_id=vocab_size, **settings),
+    batch_size=batch_size,
+    length=length,
+    block_size=block_size,
+    num_blocks=num_blocks,
+    window=window,
+    cache=cache,
+    slots=slots,
+    guidance=0.0,
+    eos_id=None,
+    process="uniform",
+  )
+  tokens, info = _program(plan, denoise_fn)(key, 0, denoiser, prompt, prompt_mask)
+  info["cache_bytes"] = _cache_bytes(plan, denoiser)
+  if not isinstance(info["nonfinite_call"], jax.core.Tracer):
+    samplers.check_logits(info, settings["method"])
   return tokens, info
 
 

@@ -122,6 +122,43 @@ _run_jit = jax.jit(run, static_argnames=_STATIC)
 _PLAIN_PROGRAMS = weakref.WeakKeyDictionary()  # {a plain denoise_fn: its jitted run}
 
 
+def check_settings(refused: dict, settings: dict):
+  """One-line errors for an option the uniform process does not take (refused: {option: (given,
+  the only value taken)}), a masked-process method, num_steps < 1 or a learned schedule."""
+  for name, (value, only) in refused.items():
+    if value != only:
+      raise ValueError(f"sample: process='uniform' takes {name}={only!r} only (got {value!r}).")
+  if settings["method"] not in METHODS:
+    raise ValueError(
+      f"sample: process='uniform' samples with {', '.join(METHODS)}; got "
+      f"method={settings['method']!r} (a masked-process sampler)."
+    )
+  num_steps = settings["num_steps"]
+  if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+    raise ValueError(f"sample: process='uniform' needs num_steps >= 1, got {num_steps!r}.")
+  if settings["schedule"].state_dependent:
+    raise ValueError("sample: process='uniform' takes a mask-rate schedule, not GenMD4's.")
+
+
+def vocab_size_of(denoise_fn, batch_size: int, length: int) -> int:
+  """V, the last axis of denoise_fn's logits."""
+  tokens = jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
+  alpha = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
+  return jax.eval_shape(denoise_fn, tokens, alpha).shape[-1]
+
+
+def check_prompt_ids(prompt, vocab_size: int):
+  """A concrete prompt's ids lie in [0, V): the uniform process has no mask id."""
+  if isinstance(prompt, jax.core.Tracer):
+    return
+  ids = np.asarray(prompt)
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(
+      f"sample: prompt ids must be in [0, {vocab_size}) (the uniform process has no mask id), "
+      f"got {ids.min()}..{ids.max()}."
+    )
+
+
 def sample(
   key,
   denoise_fn,
@@ -136,30 +173,11 @@ def sample(
   """`md4jax.sample` with process="uniform": (tokens [B, length] int32, info). A prompt's
   positions (all of them, or where prompt_mask is True) are given and never change. refused:
   {option: (given, the only value this process takes)}, each a one-line error otherwise."""
-  for name, (value, only) in refused.items():
-    if value != only:
-      raise ValueError(f"sample: process='uniform' takes {name}={only!r} only (got {value!r}).")
-  if settings["method"] not in METHODS:
-    raise ValueError(
-      f"sample: process='uniform' samples with {', '.join(METHODS)}; got "
-      f"method={settings['method']!r} (a masked-process sampler)."
-    )
-  num_steps = settings["num_steps"]
-  if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-    raise ValueError(f"sample: process='uniform' needs num_steps >= 1, got {num_steps!r}.")
-  if settings["schedule"].state_dependent:
-    raise ValueError("sample: process='uniform' takes a mask-rate schedule, not GenMD4's.")
+  check_settings(refused, settings)
   given = jnp.zeros((batch_size, length), jnp.int32)
   editable = jnp.ones((batch_size, length), jnp.bool_)
   if prompt is not None:
-    if not isinstance(prompt, jax.core.Tracer):
-      vocab_size = jax.eval_shape(denoise_fn, given, jnp.ones((batch_size,), jnp.float32)).shape[-1]
-      ids = np.asarray(prompt)
-      if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(
-          f"sample: prompt ids must be in [0, {vocab_size}) (the uniform process has no mask id), "
-          f"got {ids.min()}..{ids.max()}."
-        )
+    check_prompt_ids(prompt, vocab_size_of(denoise_fn, batch_size, length))
     prompt = jnp.atleast_2d(jnp.asarray(prompt, jnp.int32))
     if prompt.ndim != 2 or prompt.shape[0] not in (1, batch_size):
       raise ValueError(

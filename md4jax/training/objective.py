@@ -16,9 +16,10 @@ A learned masking schedule (config.diffusion.schedule in
 under SCHEDULE_PARAMS: θ [V] (or [1], shared), exponents w = softplus(θ).
 `schedule_of` rebuilds the schedule from params and `network_params` strips it.
 
-Block diffusion (config.diffusion.block_size b < L, `md4jax.diffusion.blocks`): the standard
-continuous estimator (training's) runs the network's two-stream pass once; the other
-estimators and the discrete-time bound go through the reference path, one call per block.
+Block diffusion (config.diffusion.block_size b < L, `md4jax.diffusion.blocks`; under uniform
+noise `md4jax.diffusion.uniform.one_pass_block_nelbo`): the standard continuous estimator
+(training's) runs the network's two-stream pass once; the other estimators and the
+discrete-time bound go through the reference path, one call per block.
 
 Shifted prediction (config.model.shifted_prediction, Dream's, for a model adapted from an ar
 one, docs/adapt.md): the mdm network reads z_t as the ar model reads x, [BOS, z_0, ..., z_{L-2}]
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from md4jax.diffusion import blocks, bounds, schedules
+from md4jax.diffusion import blocks, bounds, schedules, uniform
 from md4jax.diffusion.denoiser import Denoiser, estimate, shifted_inputs
 
 
@@ -233,7 +234,23 @@ def sequence_nats(
     logits = model.apply({"params": params}, inputs, None, segments, positions)
     return jnp.where(editable, bounds.cross_entropy(logits, tokens), 0.0).sum(-1)
   block_size = model.block_size or None
-  if block_size and estimator == "standard" and num_steps is None:
+  uniform_blocks = block_size and config.diffusion.process == "uniform"
+  if uniform_blocks and estimator == "standard" and num_steps is None and draws is None:
+    network, shown = network_params(params), _hide(hidden, vocab_size)
+    return uniform.one_pass_block_nelbo(
+      key,
+      lambda z, x, keep: model.apply(
+        {"params": network}, shown(z), keep, segments, positions, shown(x)
+      ),
+      tokens,
+      schedule_of(params, config),
+      block_size,
+      editable=editable,
+      t_sampling=t_sampling,
+      row_index=row_index,
+      num_rows=num_rows,
+    )
+  if block_size and not uniform_blocks and estimator == "standard" and num_steps is None:
     network, shown = network_params(params), _hide(hidden, vocab_size)
     return blocks.one_pass_nelbo(
       key,
