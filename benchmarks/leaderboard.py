@@ -5,6 +5,7 @@ diversity columns from the same samples.
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default   # ~1.5 min
   python -m md4jax.main --config=configs/default.py:bd3 --workdir=/tmp/md4jax_default_bd3
   python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform
+  python -m md4jax.main --config=configs/default.py:uniform_bd3 --workdir=/tmp/md4jax_uniform_bd3
   python -m md4jax.main --config=configs/default.py --workdir=/tmp/md4jax_default_sc \
       --config.model.self_condition=True
   python -m md4jax.main --config=configs/default.py:uniform --workdir=/tmp/md4jax_default_uniform_sc \
@@ -18,6 +19,7 @@ diversity columns from the same samples.
       --workdir=/tmp/md4jax_uniform_student --config.distill.init_from=/tmp/md4jax_default_uniform
   python benchmarks/leaderboard.py --workdir=/tmp/md4jax_default \
       --bd3_workdir=/tmp/md4jax_default_bd3 --uniform_workdir=/tmp/md4jax_default_uniform \
+      --uniform_bd3_workdir=/tmp/md4jax_uniform_bd3 \
       --self_conditioned_workdir=/tmp/md4jax_default_sc \
       --uniform_self_conditioned_workdir=/tmp/md4jax_default_uniform_sc \
       --student_workdir=/tmp/md4jax_student --oracle_student_workdir=/tmp/md4jax_oracle_student \
@@ -44,7 +46,9 @@ run with the trained network only; "none" is the exact block-wise decoding they 
 Block diffusion (--bd3_workdir, a trained configs/default.py:bd3 run): blocks of 16 tokens, each
 by a method of `sample`: with the oracle on the window, with the block-causal network through
 its exact KV cache. Uniform-state diffusion (--uniform_workdir, a trained configs/default.py:uniform
-run): its samplers from uniform noise, with the uniform process's exact posterior as the oracle.
+run): its samplers from uniform noise, with the uniform process's exact posterior as the oracle;
+block diffusion under uniform noise (--uniform_bd3_workdir) likewise, block by block, the network
+through its exact KV cache.
 Self-conditioned networks (masked and uniform), SDTT's few-step students (from the default
 network, or from the oracle as the first teacher) and DCD's (from the uniform network) add rows of the trained network only: their
 samplers' oracle rows are the plain ones above.
@@ -73,6 +77,11 @@ _OUTPUT = flags.DEFINE_string(
 )
 _BD3_WORKDIR = flags.DEFINE_string(
   "bd3_workdir", None, "A trained configs/default.py:bd3 run: block diffusion's rows (optional)."
+)
+_UNIFORM_BD3_WORKDIR = flags.DEFINE_string(
+  "uniform_bd3_workdir",
+  None,
+  "A trained configs/default.py:uniform_bd3 run: block diffusion under uniform noise (optional).",
 )
 _UNIFORM_WORKDIR = flags.DEFINE_string(
   "uniform_workdir",
@@ -215,6 +224,16 @@ UNIFORM_SETTINGS = (
     ("uniform-state", f"uniform canvas T={t}", dict(method="canvas", num_steps=t)) for t in (16, 64)
   ]
 )
+
+# Block diffusion under uniform noise (configs/default.py:uniform_bd3): T steps in each block of 16.
+UNIFORM_BD3_SETTINGS = [
+  (
+    "uniform block diffusion",
+    f"uniform block diffusion b=16, ancestral T={t}",
+    dict(method="ancestral", num_steps=t, process="uniform"),
+  )
+  for t in (4, 16, 64)
+]
 
 
 # Self-conditioning (model.self_condition; docs/math.md § 14): a masked step is two network calls
@@ -489,20 +508,24 @@ def main(argv):
   schedule = run.schedule
   rows = _rows(SETTINGS, language, truth, oracle, run.denoise_fn, schedule, config)
   trained_step = {"default": run.step}
-  if _BD3_WORKDIR.value:
-    bd3 = md4jax.load(_BD3_WORKDIR.value, role="--bd3_workdir")
-    block = bd3.config.diffusion.block_size
-    network = bd3.denoise_fn
-    for family, label, kwargs in BD3_SETTINGS:
+  for flag, settings, block_oracle in (
+    (_BD3_WORKDIR, BD3_SETTINGS, oracle),
+    (_UNIFORM_BD3_WORKDIR, UNIFORM_BD3_SETTINGS, language.uniform_denoise_fn()),
+  ):
+    if not flag.value:
+      continue
+    blocked = md4jax.load(flag.value, role=f"--{flag.name}")
+    block = blocked.config.diffusion.block_size
+    for family, label, kwargs in settings:
       row = {"family": family, "label": label, **kwargs}
       blocks = dict(kwargs, block_size=block)
-      row["oracle"] = _score(language, truth, oracle, schedule, config, blocks)
+      row["oracle"] = _score(language, truth, block_oracle, blocked.schedule, config, blocks)
       row["trained"] = _score(
-        language, truth, network, schedule, config, dict(blocks, cache="exact")
+        language, truth, blocked.denoise_fn, blocked.schedule, config, dict(blocks, cache="exact")
       )
       rows.append(row)
       print(json.dumps(row), flush=True)
-    trained_step["bd3"] = bd3.step
+    trained_step[flag.name.removesuffix("_workdir")] = blocked.step
   if _UNIFORM_WORKDIR.value:
     uniform = md4jax.load(_UNIFORM_WORKDIR.value, role="--uniform_workdir")
     settings = [(f, label, dict(k, process="uniform")) for f, label, k in UNIFORM_SETTINGS]

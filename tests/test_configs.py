@@ -21,6 +21,7 @@ CONFIG_NAMES = (
   "default",
   "default:bd3",
   "default:uniform",
+  "default:uniform_bd3",
   "distill",
   "distill:uniform",
   "post_train",

@@ -151,7 +151,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.mesh.tensor = 1  # Tensor parallel: attention heads and MLP width split.
 
   config.diffusion = ml_collections.ConfigDict()
-  config.diffusion.process = "masked"  # Corruption: "masked" (absorbing: a token becomes the mask id) or "uniform" (UDLM/DUO: redrawn uniformly over the vocabulary, and any token may change at any step; docs/math.md § 13): an mdm of one block, the standard estimator, sample.method ancestral, greedy_tail or canvas.
+  config.diffusion.process = "masked"  # Corruption: "masked" (absorbing: a token becomes the mask id) or "uniform" (UDLM/DUO: redrawn uniformly over the vocabulary, and any token may change at any step; docs/math.md § 13): an mdm (in blocks with diffusion.block_size, an adaLN network reading each position's noise level), the standard estimator, sample.method ancestral, greedy_tail or canvas.
   config.diffusion.schedule = "linear"  # Masking schedule alpha(t): linear, cosine, loglinear, geometric, polyK; learned (GenMD4): learned_tokenpoly (alpha_v = 1 - t^w_v, one w per token) or learned_poly (one shared w).
   config.diffusion.exponent_init = 1.0  # Learned schedules: initial exponent w (1 = linear).
   config.diffusion.exponent_learning_rate = 1e-2  # Learned schedules: peak learning rate of theta (w = softplus(theta)), same warmup and decay.
