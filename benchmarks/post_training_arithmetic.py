@@ -31,7 +31,14 @@ _EVAL = flags.DEFINE_integer("eval_prompts", 400, "Held-out prompts scored.")
 _MAX = flags.DEFINE_integer("max_operand", 50, "Operands are drawn in [0, max_operand).")
 _LEARNING_RATE = flags.DEFINE_float("post_learning_rate", 3e-4, "GRPO's peak learning rate.")
 _BETA = flags.DEFINE_float("post_beta", 0.01, "GRPO's KL coefficient.")
+_GROUP = flags.DEFINE_integer("post_group_size", 8, "GRPO's rollouts per prompt.")
+_LIKELIHOOD = flags.DEFINE_enum(
+  "post_likelihood", "nelbo", ["nelbo", "d1", "coupled"], "GRPO's log-likelihood estimator."
+)
+_DRAWS = flags.DEFINE_integer("post_likelihood_draws", 1, "Its draws (nelbo, coupled).")
+_TEMPERATURE = flags.DEFINE_float("post_temperature", 1.0, "The rollouts' temperature.")
 _SKIP_SFT = flags.DEFINE_bool("reuse_sft", False, "Reuse DIR/sft from an earlier run.")
+_MORE_SFT = flags.DEFINE_bool("more_sft", True, "Also run more SFT for GRPO's wall time.")
 
 
 def _write_sums(path: pathlib.Path, pairs: np.ndarray):
@@ -120,9 +127,14 @@ def main(argv):
   post.optimizer.update(
     learning_rate=_LEARNING_RATE.value, warmup_steps=min(5, _POST_STEPS.value - 1), ema_decay=0.0
   )
-  post.sample.update(method="confidence", num_steps=4, temperature=1.0)
+  post.sample.update(method="confidence", num_steps=4, temperature=_TEMPERATURE.value)
   post.post_train.update(init_from=str(root / "sft"), reward="exact_match", algorithm="grpo")
-  post.post_train.update(group_size=8, beta=_BETA.value, likelihood="nelbo", likelihood_draws=1)
+  post.post_train.update(
+    group_size=_GROUP.value,
+    beta=_BETA.value,
+    likelihood=_LIKELIHOOD.value,
+    likelihood_draws=_DRAWS.value,
+  )
   started = time.perf_counter()
   post_train.post_train(post, root / "grpo")
   grpo_seconds = time.perf_counter() - started
@@ -131,11 +143,17 @@ def main(argv):
     grpo_seconds=grpo_seconds,
     grpo_learning_rate=_LEARNING_RATE.value,
     grpo_beta=_BETA.value,
+    grpo_group_size=_GROUP.value,
+    grpo_likelihood=f"{_LIKELIHOOD.value} x{_DRAWS.value}",
+    grpo_temperature=_TEMPERATURE.value,
   )
   report["grpo"] = accuracy(root / "grpo", held_out)
 
   # More SFT for the same wall time, at the first run's pace (compilation and its evaluation
   # included): the SFT workdir copied and resumed to that many more steps.
+  if not _MORE_SFT.value:
+    print(json.dumps(report, indent=2))
+    return
   shutil.copytree(root / "sft", root / "more_sft")
   more = int(round(grpo_seconds * _SFT_STEPS.value / sft_seconds))
   started = time.perf_counter()

@@ -207,8 +207,10 @@ def _block_sampler_call(config, model, mesh):
     tokens = jax.random.randint(key, (rows, block), 0, config.data.vocab_size)
     cache = {**denoiser.cache_layout.empty(rows, slots), "valid": jnp.ones(slots, bool)}
     positions = jnp.broadcast_to(slots + jnp.arange(block), (rows, block))
+    # Under uniform noise a block's call reads each position's keep probability [rows, b].
+    shape = (rows, block) if config.diffusion.process == "uniform" else (rows,)
     with sharding.activation_rules(mesh):
-      logits, _ = denoiser.block_call(tokens, jnp.ones((rows,), jnp.float32), positions, cache)
+      logits, _ = denoiser.block_call(tokens, jnp.full(shape, 0.5, jnp.float32), positions, cache)
     return jnp.argmax(logits, axis=-1)
 
   return jax.jit(step, out_shardings=sharding.batch_sharding(mesh))

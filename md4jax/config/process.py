@@ -43,8 +43,8 @@ def validate_self_condition(config: ml_collections.ConfigDict):
 
 
 def validate_process(config: ml_collections.ConfigDict):
-  """diffusion.process: the uniform process is an mdm of one block with its own bound and
-  samplers; each option of the masked process it lacks is named."""
+  """diffusion.process: the uniform process is an mdm (one block, or block diffusion) with its own
+  bound and samplers; each option of the masked process it lacks is named."""
   check_choice(config.diffusion.process, "diffusion.process", uniform.PROCESSES)
   if config.diffusion.process != "uniform":
     return
@@ -80,8 +80,8 @@ def validate_process(config: ml_collections.ConfigDict):
   )
   check(
     config.sample.length <= config.data.seq_len,
-    f"sample.length={config.sample.length}: diffusion.process='uniform' samples one block of at "
-    f"most data.seq_len={config.data.seq_len} tokens.",
+    f"sample.length={config.sample.length}: diffusion.process='uniform' samples at most "
+    f"data.seq_len={config.data.seq_len} tokens.",
   )
   for name in ("sample.method", "frontier.methods"):
     methods = set(parse_list(key_value(config, name), str.strip))

@@ -161,7 +161,8 @@ def nelbo(
       diffusion's bound (BD3-LM): Σ_blocks of the bound of the block given the clean blocks
       before it, each with its own draws (of t too: independent terms, each unbiased for
       its block). The denoiser sees, for block k, the clean prefix, the noisy block and
-      every later position masked, so the exact posterior gives the exact block law; b = 1
+      every later position masked (uniform process: uniform draws, and each position's keep
+      probability), so the exact posterior gives the exact block law; b = 1
       is an autoregressive model's NLL. This is the reference path over any denoiser: one
       call per block (the training path: `md4jax.diffusion.blocks`).
     mask_rates: (β, ω), BD3-LM's clipped schedule (standard estimator, continuous time): t

@@ -7,7 +7,8 @@ uniform draw over the V tokens (which may be the clean token itself):
 
 There is no mask id: the denoiser reads z_t [B, L] in [0, V) and returns logits [B, L, V],
 μ_θ(y | z_t), its estimate of the clean token at every position (docs/math.md § 13 derives
-what follows). Pure functions over arrays and a denoise_fn(z_t, alpha_t [B]).
+what follows). Pure functions over arrays and a denoise_fn(z_t, alpha_t [B]); block diffusion's
+(`block_nelbo`) reads each position's own α, [B, L].
 
 The continuous-time bound. As a continuous-time chain every token jumps to each other token at
 rate β/V, β = −α′/α. Given x, the reverse rate at position i from z_i = a to v ≠ a is
@@ -48,7 +49,7 @@ def uniform_tokens(key: Array, shape: tuple, vocab_size: int) -> Array:
 def corrupt(
   key: Array, x: Array, alpha_t, *, vocab_size: int, editable: Optional[Array] = None
 ) -> Array:
-  """q(z_t | x): each editable token kept with probability alpha_t (scalar or [B]), else a
+  """q(z_t | x): each editable token kept with probability alpha_t (scalar, [B] or [B, L]), else a
   uniform draw over the vocab_size tokens; non-editable positions (padding, prompt) kept."""
   chex.assert_rank(x, 2, custom_message="corrupt: x must be clean tokens [B, L]")
   alpha = jnp.asarray(alpha_t)
@@ -292,7 +293,7 @@ def one_pass_block_nelbo(
   draws its own t (stratified over the global batch per block), so its term is `nelbo`'s for
   that block; a schedule with α(0) < 1 costs a second pass for the reconstruction terms."""
   batch, length = x.shape
-  if length % block_size:
+  if block_size < 1 or length % block_size:
     raise ValueError(f"block_size must divide the length {length}, got {block_size}.")
   editable = masking.editable_or_all(x, editable)
   time_key, draw_key = jax.random.split(key)
@@ -363,9 +364,9 @@ def checked_nelbo(key, denoise_fn, x, schedule, *, refused, num_steps, block_siz
   logits = jax.eval_shape(denoise_fn, x, jnp.ones(x.shape[:1], jnp.float32))
   if logits.ndim != 3 or logits.shape[:2] != x.shape:
     raise ValueError(f"nelbo: the denoiser must return logits [B, L, V], got {logits.shape}.")
+  if block_size is not None and (block_size < 1 or x.shape[1] % block_size):
+    raise ValueError(f"block_size must divide the length {x.shape[1]}, got {block_size}.")
   if block_size is not None and block_size < x.shape[1]:
-    if block_size < 1 or x.shape[1] % block_size:
-      raise ValueError(f"block_size must divide the length {x.shape[1]}, got {block_size}.")
     return block_nelbo(
       key,
       denoise_fn,

@@ -200,6 +200,9 @@ def _written(plan: Plan, denoiser, tokens, start, cache, block_given, block, wri
   return cache, writes
 
 
+_LATER_NOISE = 1 << 30  # fold_in data of the later positions' noise key (block indices are below).
+
+
 def _uniform_block(plan: Plan, keys, denoiser, tokens, given, cache, block):
   """`_block` of the uniform-state process: block `block` sampled from uniform noise by
   `uniform_state.run`, each call reading every position's probability of holding its clean
@@ -209,7 +212,9 @@ def _uniform_block(plan: Plan, keys, denoiser, tokens, given, cache, block):
   start = plan.offset + block * b
   block_given = jax.lax.dynamic_slice_in_dim(given, start, b, axis=1)
   block_keys = keys if plan.num_blocks == 1 else steps.fold_in(keys, block)
-  noise_key, block_keys = masking.split_keys(block_keys, 2)
+  # The block's own draws are `uniform_state.run`'s from block_keys (one block: the rows' keys,
+  # as a one-block sample without the decoder); the later positions' noise from a key beside them.
+  noise_key = steps.fold_in(block_keys, _LATER_NOISE)
   if plan.cache == "exact":
     call = _cached_call(plan, denoiser, tokens, start, cache, block_given)
     block_denoiser = lambda z, alpha: call(z, jnp.where(block_given, 1.0, alpha[:, None]))[0]

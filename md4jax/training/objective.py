@@ -236,12 +236,12 @@ def sequence_nats(
   block_size = model.block_size or None
   uniform_blocks = block_size and config.diffusion.process == "uniform"
   if uniform_blocks and estimator == "standard" and num_steps is None and draws is None:
-    network, shown = network_params(params), _hide(hidden, vocab_size)
+    if hidden is not None:  # Hidden positions read the mask id, which uniform noise lacks.
+      raise ValueError("hidden positions need the masked process (a mask id to show them as).")
+    network = network_params(params)
     return uniform.one_pass_block_nelbo(
       key,
-      lambda z, x, keep: model.apply(
-        {"params": network}, shown(z), keep, segments, positions, shown(x)
-      ),
+      lambda z, x, keep: model.apply({"params": network}, z, keep, segments, positions, x),
       tokens,
       schedule_of(params, config),
       block_size,
