@@ -3,7 +3,7 @@ r"""Times the jitted train step of a named model size and prints one JSON object
   python benchmarks/train_step.py --size=default
   python benchmarks/train_step.py --size=4x256 --profile --trace
 
-Sizes are the configs of the same name (configs/tiny.py, default.py, text8.py;
+Sizes are the configs of the same name (configs/tiny.py, default.py and its variants, text8.py;
 text8 at a CPU-sized batch unless --batch_size says otherwise) and three
 text8-vocabulary models at MD4's shapes (head dim 64, MD4's MLP width):
 4x256 (B16 x L128), 6x384 (B16 x L256) and 12x768 (B16 x L256); the text8 sizes
@@ -59,6 +59,10 @@ from md4jax.training import state as state_lib
 SIZES = {
   "tiny": ("tiny", None, None, None, None, None, None),
   "default": ("default", None, None, None, None, None, None),
+  # The default's variants: block diffusion, uniform noise, both (per-position adaLN time).
+  "default_bd3": ("default:bd3", None, None, None, None, None, None),
+  "default_uniform": ("default:uniform", None, None, None, None, None, None),
+  "default_uniform_bd3": ("default:uniform_bd3", None, None, None, None, None, None),
   "text8": ("text8", 2, None, None, None, None, None),
   "4x256": ("text8", 16, 128, 4, 256, 4, 704),
   "6x384": ("text8", 16, 256, 6, 384, 6, 1024),

@@ -138,7 +138,10 @@ def _prompts(seed, width=3):
   return np.random.default_rng(seed).integers(0, VOCAB, (BATCH, width)).astype(np.int32)
 
 
-@pytest.mark.parametrize("name", ["ancestral", "confidence_cold_top_p", "first_hitting"])
+@pytest.mark.parametrize(
+  "name",
+  ["ancestral", pytest.param("confidence_cold_top_p", marks=pytest.mark.slow), "first_hitting"],
+)
 def test_a_row_with_its_own_prompt_is_the_row_alone(block_causal, bidirectional, name):
   settings = METHODS[name]
   prompts = _prompts(1)

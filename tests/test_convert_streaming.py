@@ -297,6 +297,7 @@ def _small_run(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+@pytest.mark.slow
 def test_a_converted_workdir_resumes_trains_loads_and_starts_another_run(tmp_path):
   """md4jax.load, a resumed run (train, then its evaluation and samples) and training.init_from
   on a converted workdir (a Llama on the generated language: LLaDA's own mask id, never

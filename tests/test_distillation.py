@@ -60,7 +60,9 @@ def _exact_expected_target(language, z_t, t, dt, schedule):
   return expected, squared, masked
 
 
-@pytest.mark.parametrize("schedule_name", ["linear", "cosine"])
+@pytest.mark.parametrize(
+  "schedule_name", ["linear", pytest.param("cosine", marks=pytest.mark.slow)]
+)
 def test_the_teacher_targets_match_their_exact_law(schedule_name):
   """20,000 draws at one z_t: the mean and the mean square of every masked entry within 4 SE of
   the enumeration. The square tells the laws apart from one-hot targets of the drawn tokens

@@ -257,6 +257,7 @@ def test_profile_draws_t_inside_each_bin():
   np.testing.assert_allclose(means, 16 * np.log(8), rtol=0.2)
 
 
+@pytest.mark.slow
 def test_profile_mean_agrees_with_the_t_estimator():
   config = tiny_config(num_sequences=128, batch_size=64, num_mc_samples=4, profile_bins=16)
   mesh, model, params = untrained(config)

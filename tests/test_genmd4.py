@@ -252,6 +252,7 @@ def _samples(language, schedule, num_steps, batch_size=4000, **kwargs):
   return np.asarray(tokens), int(info["nfe"])
 
 
+@pytest.mark.slow
 def test_sampler_with_many_steps_draws_the_chain(language, schedule):
   """Measured: −log p(sample) − H = +0.047 ± 0.033 nats at T = 256; +2.66 ± 0.06 at T = 4."""
   tokens, nfe = _samples(language, schedule, 256)
@@ -342,6 +343,7 @@ def _steps(config, num_steps=3):
   return test_train.first_steps(config, jax.devices()[:1], num_steps)
 
 
+@pytest.mark.slow
 def test_learned_schedule_trains_its_exponents_and_reports_the_nelbo():
   config = _learned_config(exponent_init=1.5)
   state, history = _steps(config)

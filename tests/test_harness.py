@@ -320,6 +320,7 @@ def test_an_ar_workdir_is_scored_exactly_and_samples(language, tmp_path):
     harness.Md4jaxLM(workdir=str(tmp_path), likelihood="order")
 
 
+@pytest.mark.slow
 def test_a_block_diffusion_workdir_scores_and_samples_block_by_block(language, tmp_path):
   config = config_lib.load_config("tiny")
   config.diffusion.block_size, config.model.time_conditioning = 4, "none"
@@ -433,6 +434,7 @@ def test_local_yaml_tasks_through_simple_evaluate(workdir, language, tmp_path):
   assert len(pairs) == 16 and all(scored[args] == value for args, value in pairs)
 
 
+@pytest.mark.slow
 def test_exact_oracle_through_lm_eval_gives_the_true_chain_figures(oracle, language, tmp_path):
   # Left to right, the exact denoiser is the true chain: lm-eval's acc, rolling perplexity and
   # greedy next id are the truth's on the same documents (a window's context holds the last id).

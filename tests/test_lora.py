@@ -132,6 +132,7 @@ def _opt_state_size(opt_state) -> int:
   return sum(leaf.size for leaf in jax.tree.leaves(opt_state))
 
 
+@pytest.mark.slow
 def test_training_moves_only_the_adapters_and_lowers_the_loss():
   config = _config(rank=4)
   # At the peak rate throughout (the cosine decays over 100 steps).
@@ -178,6 +179,7 @@ def _steps(config, devices, num_steps=2):
   return jax.device_get(state)
 
 
+@pytest.mark.slow
 def test_sharded_accumulated_lora_steps_match_one_device():
   """On a (2, 2, 2) mesh, with gradient accumulation, the adapters shard and train as on one
   device with the whole batch."""

@@ -160,6 +160,7 @@ def test_train_eval_sample(tmp_path):
   assert result.returncode != 0 and "Prompt ids must be in [0, 8)" in result.stderr
 
 
+@pytest.mark.slow
 def test_many_steps_between_logs_on_a_cpu_mesh(tmp_path):
   # 400 fast steps without a sync once queued dozens of steps, and XLA:CPU's all-reduce
   # between the 8 devices deadlocked (aborting the run after 40 s): train.MAX_STEPS_IN_FLIGHT.
@@ -233,6 +234,7 @@ def test_config_typo_fails(tmp_path):
   assert result.returncode != 0 and "num_train_step" in result.stderr
 
 
+@pytest.mark.slow
 def test_invalid_value_fails_before_training(tmp_path):
   result = run_cli(tmp_path, "--config.diffusion.schedule=cosyne", check=False)
   assert result.returncode != 0 and "Unknown schedule 'cosyne'" in result.stderr

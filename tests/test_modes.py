@@ -65,6 +65,7 @@ def test_train_ar_end_to_end_in_process(tmp_path):
   assert all(len(r["tokens"]) == config.data.seq_len for r in records)
 
 
+@pytest.mark.slow
 def test_train_conditional_end_to_end_in_process(tmp_path):
   # Responses spell their prompt backwards: only the response tokens are trained and scored.
   rng = np.random.default_rng(0)

@@ -180,6 +180,7 @@ def nan_reward(rollouts):
   return np.full(len(rollouts["tokens"]), np.nan)
 
 
+@pytest.mark.slow
 def test_a_python_reward_runs_between_the_rollout_and_update_programs(base, tmp_path):
   config = _config(base, num_train_steps=2, post_train__reward="test_post_train:count_zeros")
   record = post_train.post_train(config, tmp_path / "python")

@@ -50,6 +50,7 @@ def test_the_uniform_default_trains_evaluates_and_samples(tmp_path):
   assert (loaded.process, loaded.mask_id) == ("uniform", None)
 
 
+@pytest.mark.slow
 def test_block_diffusion_under_uniform_noise_trains_evaluates_and_samples(tmp_path):
   """Blocks of 16: trained in the two-stream pass, the discrete bound on the reference path, and
   sampled block after block through the exact KV cache."""
