@@ -206,17 +206,12 @@ def sample(
     positions; inside a caller's jit, check the info with `samplers.check_logits` and
     `arguments.check_filled`.
   """
-  if process == "uniform" and (block_size not in (None, length) or cache != "none"):
-    return _sample_uniform_blocks(
-      key,
-      denoise_fn,
+  if process == "uniform":
+    uniform = dict(
       batch_size=batch_size,
       length=length,
       prompt=prompt,
       prompt_mask=prompt_mask,
-      block_size=block_size,
-      cache=cache,
-      context_length=context_length,
       refused=dict(
         mask_id=(mask_id, None),
         eos_id=(eos_id, None),
@@ -234,30 +229,10 @@ def sample(
       top_p=top_p,
       noise=noise,
     )
-  if process == "uniform":
-    return _sample_uniform(
-      key,
-      denoise_fn,
-      batch_size=batch_size,
-      length=length,
-      prompt=prompt,
-      prompt_mask=prompt_mask,
-      refused=dict(
-        mask_id=(mask_id, None),
-        eos_id=(eos_id, None),
-        guidance_scale=(guidance_scale, 0.0),
-        record_trajectory=(record_trajectory, False),
-        block_offset=(block_offset, 0),
-        row_offset=(row_offset, 0),
-        time_grid_kind=(time_grid_kind, "uniform"),
-      ),
-      schedule=schedule,
-      method=method,
-      num_steps=num_steps,
-      temperature=float(temperature),
-      top_k=top_k,
-      top_p=top_p,
-      noise=noise,
+    if block_size in (None, length) and cache == "none":
+      return _sample_uniform(key, denoise_fn, **uniform)
+    return _sample_uniform_blocks(
+      key, denoise_fn, block_size=block_size, cache=cache, context_length=context_length, **uniform
     )
   if process != "masked":
     raise ValueError(f"sample: unknown process {process!r}; valid: masked, uniform.")
