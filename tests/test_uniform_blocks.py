@@ -273,7 +273,8 @@ def test_a_prompt_is_kept_and_conditions_the_blocks(small_chain):
   assert stats.chisquare(counts, transition[0] * counts.sum()).pvalue > P_VALUE
 
 
-def test_the_exact_cache_samples_what_a_call_per_block_samples():
+@pytest.mark.parametrize("method", ["ancestral", "canvas"])
+def test_the_exact_cache_samples_what_a_call_per_block_samples(method):
   model = _network()
   x = jnp.zeros((2, LENGTH), jnp.int32)
   params = _random_params(model, x, jnp.ones((2, LENGTH)))
@@ -284,6 +285,7 @@ def test_the_exact_cache_samples_what_a_call_per_block_samples():
     schedule="linear",
     num_steps=8,
     process="uniform",
+    method=method,
     block_size=BLOCK,
     prompt=jnp.array([1, 3]),
   )
