@@ -343,7 +343,6 @@ def _steps(config, num_steps=3):
   return test_train.first_steps(config, jax.devices()[:1], num_steps)
 
 
-@pytest.mark.slow
 def test_learned_schedule_trains_its_exponents_and_reports_the_nelbo():
   config = _learned_config(exponent_init=1.5)
   state, history = _steps(config)

@@ -132,7 +132,6 @@ def _opt_state_size(opt_state) -> int:
   return sum(leaf.size for leaf in jax.tree.leaves(opt_state))
 
 
-@pytest.mark.slow
 def test_training_moves_only_the_adapters_and_lowers_the_loss():
   config = _config(rank=4)
   # At the peak rate throughout (the cosine decays over 100 steps).

@@ -224,7 +224,6 @@ def test_what_self_conditioning_cannot_read_is_a_one_line_config_error(overrides
   assert "\n" not in str(error.value)
 
 
-@pytest.mark.slow
 def test_a_self_conditioned_uniform_model_trains_evaluates_and_samples(tmp_path):
   """The trainer end to end (tiny, 20 steps): the projection trains, the bound and samples read
   the estimate, and md4jax.load gives the model back."""

@@ -15,10 +15,10 @@ from md4jax.app import post_train
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _run(module: str, *flags) -> subprocess.CompletedProcess:
-  """python -m module --config=configs/default.py:uniform *flags, which must succeed."""
+def _run(module: str, *flags, variant="uniform") -> subprocess.CompletedProcess:
+  """python -m module --config=configs/default.py:VARIANT *flags, which must succeed."""
   result = subprocess.run(
-    [sys.executable, "-m", module, "--config=configs/default.py:uniform", *flags],
+    [sys.executable, "-m", module, f"--config=configs/default.py:{variant}", *flags],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -126,12 +126,21 @@ def test_post_training_a_uniform_model_is_refused():
     post_train.check_run(config)
 
 
-def test_the_uniform_default_compiles_for_a_tpu():
-  """md4jax.aot: its train step (the uniform bound) and a sampler step, on a v5e 2x2."""
+@pytest.mark.parametrize(
+  "variant, cache",
+  [pytest.param("uniform", "none", marks=pytest.mark.slow), ("uniform_bd3", "exact")],
+)
+def test_the_uniform_default_compiles_for_a_tpu(variant, cache):
+  """md4jax.aot: its train step (the uniform bound; in blocks, the two-stream pass with adaLN per
+  position) and a sampler step (in blocks, a block's call on the exact cache), on a v5e 2x2."""
   pytest.importorskip("libtpu", reason="the TPU compiler comes with pip install -e '.[tpu]'")
   result = _run(
-    "md4jax.aot", "--topology=v5e:2x2", "--programs=sampler,train", "--count_flops=false"
+    "md4jax.aot",
+    "--topology=v5e:2x2",
+    "--programs=sampler,train",
+    "--count_flops=false",
+    variant=variant,
   )
   report = json.loads(result.stdout)
   assert report["fits"] and report["train_step"]["bytes_per_chip"] > 0
-  assert report["sampler_step"]["fits"] and report["sampler_step"]["cache"] == "none"
+  assert report["sampler_step"]["fits"] and report["sampler_step"]["cache"] == cache

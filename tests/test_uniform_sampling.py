@@ -201,7 +201,7 @@ def test_canvas_keeps_the_schedules_share_of_its_most_confident_positions():
     (dict(cache="prefix"), "cache 'none' or 'exact'"),
     (dict(cache="exact"), "a network's keys and values"),
     (dict(mask_id=3), "mask_id=None only"),
-    (dict(block_size=2, mask_id=3), "mask_id=None only"),
+    (dict(block_size=0), "block_size >= 1"),
     (dict(eos_id=1), "eos_id=None only"),
     (dict(num_steps=None), "num_steps >= 1"),
   ],
