@@ -54,6 +54,7 @@ network, or from the oracle as the first teacher) and DCD's (from the uniform ne
 samplers' oracle rows are the plain ones above.
 """
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -236,11 +237,20 @@ UNIFORM_BD3_SETTINGS = [
 ]
 
 
-# Self-conditioning (model.self_condition; docs/math.md § 14): a masked step is two network calls
-# (T = 32 spends the 64 calls of plain T = 64); a uniform step passes its estimate to the next.
+# Self-conditioning (model.self_condition; docs/math.md § 14): a masked step reads the estimate of
+# its own state, two network calls (T = 32 spends the 64 calls of plain T = 64), or with passes=1
+# the last step's, one call; a uniform step passes its estimate to the next.
 SELF_CONDITIONED_SETTINGS = [
   ("self-conditioned", f"self-conditioned ancestral T={t}", dict(method="ancestral", num_steps=t))
   for t in (16, 32, 64)
+]
+STEPWISE_SELF_CONDITIONED_SETTINGS = [
+  (
+    "self-conditioned",
+    f"self-conditioned ancestral, last step's estimate T={t}",
+    dict(method="ancestral", num_steps=t),
+  )
+  for t in (16, 64)
 ]
 UNIFORM_SELF_CONDITIONED_SETTINGS = [
   (
@@ -550,6 +560,10 @@ def main(argv):
       other = md4jax.load(flag.value, role=f"--{flag.name}")
       rows += _rows(settings, language, truth, None, other.denoise_fn, other.schedule, config)
       trained_step[flag.name.removesuffix("_workdir")] = other.step
+      if flag is _SELF_CONDITIONED_WORKDIR:  # One call a step, handing each estimate on.
+        stepwise = dataclasses.replace(other.denoise_fn, passes=1)
+        settings = STEPWISE_SELF_CONDITIONED_SETTINGS
+        rows += _rows(settings, language, truth, None, stepwise, other.schedule, config)
   true_bits = language.entropy(config.data.seq_len) / (config.data.seq_len * math.log(2.0))
   if _OUTPUT.value:
     summary = {

@@ -3,8 +3,8 @@
 The oracle `ReadsItsEstimate` is the exact posterior when it reads an estimate of x_0 and the
 same log-probabilities halved (a flatter, worse model) when it reads none, so each path shows
 whether the estimate reached it: the bound of the two-pass denoiser is the exact one, the uniform
-sampler that passes each step's estimate to the next draws the chain, and one that dropped it
-would draw the flatter law.
+sampler (and a masked one, with passes=1) that passes each step's estimate to the next draws the
+chain, and one that dropped it would draw the flatter law.
 """
 
 import dataclasses
@@ -141,6 +141,50 @@ def test_masked_samplers_read_the_estimate_of_the_same_state_in_two_calls(chain)
   )
   assert int(info["nfe"]) == 2 * LENGTH
   assert _chi_square_p(_counts(tokens), true_law) > 1e-4
+
+
+def test_masked_samplers_with_one_pass_hand_each_calls_estimate_to_the_next(chain):
+  """passes=1: one call a step, each reading the last call's estimate (none at the first, whose
+  reveals at T = 512 are rare). The oracle is exact only where it reads one, so the draws are the
+  chain's; the same oracle never handed one draws the flatter law."""
+  language, true_law = chain
+  oracle = Denoiser(ReadsItsEstimate(language.denoise_fn(VOCAB)), passes=1)
+
+  def draw(denoise_fn, num_steps):
+    return md4jax.sample(
+      jax.random.PRNGKey(4),
+      denoise_fn,
+      batch_size=10000,
+      length=LENGTH,
+      mask_id=VOCAB,
+      schedule=schedules.get_schedule("linear"),
+      method="ancestral",
+      num_steps=num_steps,
+    )
+
+  tokens, info = draw(oracle, 512)
+  assert int(info["nfe"]) == 512 and "sampler_calls" not in info  # One call a step.
+  assert _chi_square_p(_counts(tokens), true_law) > 1e-4
+  never_handed = lambda z, alpha: oracle(z, alpha)  # A plain function: no estimate to hand.
+  flat_tokens, _ = draw(never_handed, 64)
+  assert _chi_square_p(_counts(flat_tokens), true_law) < 1e-6
+
+
+@pytest.mark.parametrize("kwargs", [dict(guidance_scale=1.0, prompt=[1]), dict(block_size=2)])
+def test_one_pass_hands_estimates_within_one_block_without_guidance(chain, kwargs):
+  language, _ = chain
+  oracle = Denoiser(ReadsItsEstimate(language.denoise_fn(VOCAB)), passes=1)
+  with pytest.raises(ValueError, match="passes=1 hands each call's estimate"):
+    md4jax.sample(
+      jax.random.PRNGKey(0),
+      oracle,
+      batch_size=2,
+      length=LENGTH,
+      mask_id=VOCAB,
+      schedule=schedules.get_schedule("linear"),
+      num_steps=4,
+      **kwargs,
+    )
 
 
 def test_training_reads_a_stop_gradient_estimate_on_half_the_steps():

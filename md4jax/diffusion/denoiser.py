@@ -13,8 +13,9 @@ module-level function, a Flax module or a frozen dataclass, not a lambda made an
 
 A self-conditioned network (model.self_condition) also reads an estimate of x_0: called as
 denoise_fn(z, time, previous=probabilities [B, L, V]) by a sampler that passes its last step's
-estimate on; called without one, it reads its own first call's estimate of the same z (passes=2,
-the default: the bound's and the masked samplers' model) or none (passes=1).
+estimate on (the uniform-state samplers always; the masked ones with passes=1); called without
+one, it reads its own first call's estimate of the same z (passes=2, the default: the bound's
+model, two network calls a masked sampler step) or none (passes=1).
 
 A network denoiser also gives the block decoder (`md4jax.sampling.decoder`) what its KV caches
 need: `block_call` runs the network on one block that reads cached keys and values, and
@@ -116,8 +117,9 @@ class Denoiser:
   shift_id: Optional[int] = None  # Static.
   time_of: Optional[Callable] = None  # Static.
   # A self-conditioned network's calls without an estimate: 2 read its own first call's estimate
-  # of the same z (the model its bound scores), 1 reads none (a training step's first pass);
-  # ignored by a network that is not self-conditioned. Static.
+  # of the same z (the model its bound scores), 1 reads none (a training step's first pass; a
+  # masked sampler then hands each call the last one's estimate, one call a step); ignored by a
+  # network that is not self-conditioned. Static.
   passes: int = 2
 
   def __post_init__(self):

@@ -143,7 +143,9 @@ def sample(
       callable denoise_fn(z [B, L], alpha [B]) -> logits [B, L, V] (V = mask_id), compiled
       once per callable object. A self-conditioned network's Denoiser with passes=2
       (the default) reads its own first call's estimate: two network calls per sampler call,
-      both in info["nfe"] (info["sampler_calls"]: the sampler's own count). cache "exact", "prefix" and "dual" need a network's Denoiser
+      both in info["nfe"] (info["sampler_calls"]: the sampler's own count); with passes=1 every
+      method hands each call's estimate to the next (zeros at the first), one call a step (one
+      block, no guidance). cache "exact", "prefix" and "dual" need a network's Denoiser
       without per-row inputs; a Denoiser's inputs [1 or B, length] (segment_ids 0 marking
       padding, positions) serve cache "none".
     prompt, prompt_mask: tokens [P] or [B, P] (P <= length) and where they are given (default:
@@ -287,6 +289,11 @@ def sample(
     record_trajectory=record_trajectory,
     trajectory_top_k=trajectory_top_k,
   )
+  if denoiser.self_conditioned and denoiser.passes == 1 and (guidance_scale or num_blocks > 1):
+    raise ValueError(
+      "sample: a self-conditioned Denoiser with passes=1 hands each call's estimate of x_0 to "
+      "the next within one block, without guidance; use passes=2 (two calls a step)."
+    )
   arguments.check_decoding(
     denoiser,
     cache=cache,

@@ -28,7 +28,7 @@ def _remask_probability(strategy, eta, alpha_t, mask_s, weights):
 
 def sample_remdm(
   key,
-  denoise_fn,
+  call,
   z,
   schedule,
   mask_id,
@@ -41,6 +41,7 @@ def sample_remdm(
   loop_steps,
   loop_alpha,
   trajectory,
+  previous,
 ):
   """ReMDM (Wang et al. 2025): ancestral steps in which visible tokens may be masked again.
 
@@ -61,7 +62,7 @@ def sample_remdm(
   loop_start = num_steps - loop_after + 1  # Iterations before the loop.
 
   def body(i, carry):
-    z, confidence, first_bad, trajectory = carry
+    z, confidence, first_bad, trajectory, previous = carry
     in_loop = (loop_steps > 0) & (i >= loop_start) & (i < loop_start + loop_steps)
     after_loop = (loop_steps > 0) & (i >= loop_start + loop_steps)
     step = jnp.where(after_loop, num_steps - (i - loop_steps), num_steps - i)
@@ -89,16 +90,16 @@ def sample_remdm(
     reveal = masked & (masking.uniform(reveal_key, z.shape) < reveal_prob)
     remask = visible & (masking.uniform(steps.fold_in(step_key, 2), z.shape) < sigma)
     alpha = steps.alphas(schedule, grid[step], batch_size)
-    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    logits, previous = call(z, alpha, previous)
     first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))
     drawn = draw(draw_key, logits)
     drawn_prob = jnp.take_along_axis(probs(logits), drawn[..., None], axis=-1)[..., 0]
     z = jnp.where(reveal, drawn, jnp.where(remask, mask_id, z))
     confidence = jnp.where(reveal, -drawn_prob, jnp.where(remask, -jnp.inf, confidence))
     trajectory = steps.record(trajectory, i, z, logits, alpha)
-    return z, confidence, first_bad, trajectory
+    return z, confidence, first_bad, trajectory, previous
 
   total = num_steps + loop_steps
-  init = (z, jnp.full(z.shape, -jnp.inf, jnp.float32), jnp.int32(-1), trajectory)
-  z, _, first_bad, trajectory = jax.lax.fori_loop(0, total, body, init)
+  init = (z, jnp.full(z.shape, -jnp.inf, jnp.float32), jnp.int32(-1), trajectory, previous)
+  z, _, first_bad, trajectory, _ = jax.lax.fori_loop(0, total, body, init)
   return z, jnp.int32(total), first_bad, trajectory

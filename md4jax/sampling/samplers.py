@@ -73,6 +73,7 @@ import jax
 import jax.numpy as jnp
 
 from md4jax.diffusion import bounds, masking
+from md4jax.diffusion.denoiser import Denoiser, estimate
 from md4jax.sampling import categorical, remasking, steps, unmasking
 
 # The samplers' names and helpers, re-exported: callers (and md4jax's front door) know them as
@@ -157,22 +158,23 @@ class Settings:
     return max_calls(self.method, length, self.num_steps, self.remask_loop, self.reveal_counts)
 
 
-# One signature for every sampler: (settings, key, denoise_fn, z, trajectory) ->
-# (tokens, calls, first broken call or −1, trajectory).
+# One signature for every sampler: (settings, key, call, z, trajectory, previous) ->
+# (tokens, calls, first broken call or −1, trajectory); call(z, alpha, previous) -> (logits,
+# the estimate the next call reads) (`_calls`).
 _SAMPLERS = {
-  "ancestral": lambda s, key, f, z, tr: unmasking.sample_ancestral(
-    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, False, s.draw, tr
+  "ancestral": lambda s, key, f, z, tr, pr: unmasking.sample_ancestral(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, False, s.draw, tr, pr
   ),
-  "cached": lambda s, key, f, z, tr: unmasking.sample_ancestral(
-    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, True, s.draw, tr
+  "cached": lambda s, key, f, z, tr, pr: unmasking.sample_ancestral(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, True, s.draw, tr, pr
   ),
-  "jump": lambda s, key, f, z, tr: unmasking.sample_jump(
-    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, tr
+  "jump": lambda s, key, f, z, tr, pr: unmasking.sample_jump(
+    key, f, z, s.schedule, s.mask_id, s.num_steps, s.time_grid_kind, s.draw, tr, pr
   ),
-  "first_hitting": lambda s, key, f, z, tr: unmasking.sample_first_hitting(
-    key, f, z, s.mask_id, s.draw, tr
+  "first_hitting": lambda s, key, f, z, tr, pr: unmasking.sample_first_hitting(
+    key, f, z, s.mask_id, s.draw, tr, pr
   ),
-  "confidence": lambda s, key, f, z, tr: unmasking.sample_confidence(
+  "confidence": lambda s, key, f, z, tr, pr: unmasking.sample_confidence(
     key,
     f,
     z,
@@ -185,11 +187,12 @@ _SAMPLERS = {
     s.confidence,
     tr,
     s.reveal_counts,
+    pr,
   ),
-  "threshold": lambda s, key, f, z, tr: unmasking.sample_threshold(
-    key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr
+  "threshold": lambda s, key, f, z, tr, pr: unmasking.sample_threshold(
+    key, f, z, s.mask_id, s.threshold, s.draw, s.filtered, tr, pr
   ),
-  "remdm": lambda s, key, f, z, tr: remasking.sample_remdm(
+  "remdm": lambda s, key, f, z, tr, pr: remasking.sample_remdm(
     key,
     f,
     z,
@@ -204,6 +207,7 @@ _SAMPLERS = {
     s.remask_loop,
     s.remask_loop_alpha,
     tr,
+    pr,
   ),
 }
 assert set(_SAMPLERS) == set(METHODS)
@@ -214,6 +218,7 @@ def run(settings: Settings, key, denoise_fn, z):
   calls, the first call whose logits were broken or −1, trajectory or None). `key` is one key
   (row b draws from fold_in(key, b)) or one key per row [B]."""
   key = masking.row_keys(key, z.shape[0])
+  call, previous = _calls(denoise_fn, z.shape, settings.mask_id)
   denoise_fn = bounds.checked_denoiser(denoise_fn, settings.mask_id)
   trajectory = None
   if settings.record_trajectory:
@@ -233,7 +238,27 @@ def run(settings: Settings, key, denoise_fn, z):
       s.noise,
       trajectory,
     )
-  return _SAMPLERS[settings.method](settings, key, denoise_fn, z, trajectory)
+  return _SAMPLERS[settings.method](settings, key, call, z, trajectory, previous)
+
+
+def _calls(denoise_fn, shape, mask_id):
+  """(call(z, alpha, previous) -> (logits float32, what the next call reads), the first call's
+  previous). A self-conditioned Denoiser with passes=1 reads the last call's estimate of x_0
+  (zeros, no estimate, at the first call) and hands its own on: one network call a step. Any
+  other denoiser is called plainly (passes=2 reads its own first pass of the same state)."""
+  if not (
+    isinstance(denoise_fn, Denoiser) and denoise_fn.self_conditioned and denoise_fn.passes == 1
+  ):
+    checked = bounds.checked_denoiser(denoise_fn, mask_id)
+    return lambda z, alpha, previous: (checked(z, alpha).astype(jnp.float32), None), None
+
+  def call(z, alpha, previous):
+    logits = bounds.checked_denoiser(lambda z, alpha: denoise_fn(z, alpha, previous), mask_id)(
+      z, alpha
+    ).astype(jnp.float32)
+    return logits, estimate(logits)
+
+  return call, jnp.zeros(shape + (mask_id,), jnp.float32)
 
 
 def with_prompt_masked(z, alpha, given, mask_id):

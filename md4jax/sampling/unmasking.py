@@ -28,13 +28,13 @@ DREAM_EPS = 1e-3  # Dream's last time, timesteps = linspace(1, eps, T + 1).
 
 
 def sample_ancestral(
-  key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, cached, draw, trajectory
+  key, call, z, schedule, mask_id, num_steps, grid_kind, cached, draw, trajectory, previous
 ):
   grid = steps.time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
 
   def body(i, carry):
-    z, logits, cache_valid, nfe, first_bad, trajectory = carry
+    z, logits, cache_valid, nfe, first_bad, trajectory, previous = carry
     step = num_steps - i  # From T down to 1.
     reveal_key, draw_key = masking.split_keys(steps.fold_in(key, step), 2)
     reveal = (z == mask_id) & (
@@ -43,8 +43,8 @@ def sample_ancestral(
     any_reveal = reveal.any()
     need_call = ~cache_valid & any_reveal if cached else jnp.bool_(True)
     alpha = steps.alphas(schedule, grid[step], batch_size)
-    logits = jax.lax.cond(
-      need_call, lambda: denoise_fn(z, alpha).astype(jnp.float32), lambda: logits
+    logits, previous = jax.lax.cond(
+      need_call, lambda: call(z, alpha, previous), lambda: (logits, previous)
     )
     first_bad = steps.first_bad_call(
       first_bad, nfe, need_call & steps.nonfinite_rows(logits, z, mask_id)
@@ -52,11 +52,12 @@ def sample_ancestral(
     z = jnp.where(reveal, draw(draw_key, logits), z)
     cache_valid = (cache_valid | need_call) & ~any_reveal
     trajectory = steps.record(trajectory, i, z, logits, alpha)
-    return z, logits, cache_valid, nfe + need_call.astype(jnp.int32), first_bad, trajectory
+    nfe = nfe + need_call.astype(jnp.int32)
+    return z, logits, cache_valid, nfe, first_bad, trajectory, previous
 
   logits = jnp.zeros(z.shape + (mask_id,), jnp.float32)
-  init = (z, logits, jnp.bool_(False), jnp.int32(0), jnp.int32(-1), trajectory)
-  z, _, _, nfe, first_bad, trajectory = jax.lax.fori_loop(0, num_steps, body, init)
+  init = (z, logits, jnp.bool_(False), jnp.int32(0), jnp.int32(-1), trajectory, previous)
+  z, _, _, nfe, first_bad, trajectory, _ = jax.lax.fori_loop(0, num_steps, body, init)
   return z, nfe, first_bad, trajectory
 
 
@@ -113,7 +114,7 @@ def _reveal_at_least_one(key, masked, reveal_prob):
   return masked & ((rank == first) | ((rank > first) & later))
 
 
-def sample_jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, draw, trajectory):
+def sample_jump(key, call, z, schedule, mask_id, num_steps, grid_kind, draw, trajectory, previous):
   grid = steps.time_grid(num_steps, grid_kind)
   mask_grid = schedule.mask_prob(grid)  # λ(t_0) ≤ ... ≤ λ(t_T), [T + 1].
   batch_size, length = z.shape
@@ -123,7 +124,8 @@ def sample_jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
     return (carry[2] < max_calls) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, step, nfe, first_bad, trajectory = carry  # step [B]: the next grid step each row processes.
+    # step [B]: the next grid step each row processes.
+    z, step, nfe, first_bad, trajectory, previous = carry
     hit_key, reveal_key, draw_key = masking.split_keys(steps.fold_in(key, nfe), 3)
     masked = z == mask_id
     n = masked.sum(-1)
@@ -140,28 +142,30 @@ def sample_jump(key, denoise_fn, z, schedule, mask_id, num_steps, grid_kind, dra
     )
     reveal = _reveal_at_least_one(reveal_key, masked, reveal_prob)
     alpha = schedule.alpha(grid[event]).astype(jnp.float32)
-    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    logits, previous = call(z, alpha, previous)
     first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
     z = jnp.where(reveal, draw(draw_key, logits), z)
     step = jnp.where(n > 0, event - 1, step)
-    return z, step, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+    trajectory = steps.record(trajectory, nfe, z, logits, alpha)
+    return z, step, nfe + 1, first_bad, trajectory, previous
 
-  init = (z, jnp.full((batch_size,), num_steps, jnp.int32), jnp.int32(0), jnp.int32(-1), trajectory)
-  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  steps_left = jnp.full((batch_size,), num_steps, jnp.int32)
+  init = (z, steps_left, jnp.int32(0), jnp.int32(-1), trajectory, previous)
+  z, _, nfe, first_bad, trajectory, _ = jax.lax.while_loop(cond, body, init)
   return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
 
 
-def sample_threshold(key, denoise_fn, z, mask_id, threshold, draw, filtered, trajectory):
+def sample_threshold(key, call, z, mask_id, threshold, draw, filtered, trajectory, previous):
   length = z.shape[1]
 
   def cond(carry):  # Each call reveals ≥ 1 position of every unfinished row: ≤ L calls.
     return (carry[1] < length) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, nfe, first_bad, trajectory = carry
+    z, nfe, first_bad, trajectory, previous = carry
     masked = z == mask_id
     alpha = 1.0 - masked.sum(-1) / length  # The share already revealed.
-    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    logits, previous = call(z, alpha, previous)
     first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
     top = steps.masked_scores(jax.nn.softmax(filtered(logits), axis=-1).max(-1), masked)
     # The most confident masked position: argmax over top, where a broken (NaN) score of a
@@ -169,21 +173,21 @@ def sample_threshold(key, denoise_fn, z, mask_id, threshold, draw, filtered, tra
     best = jax.nn.one_hot(jnp.argmax(top, -1), length, dtype=jnp.bool_)
     reveal = masked & ((top >= threshold) | best)
     z = jnp.where(reveal, draw(steps.fold_in(key, nfe), logits), z)
-    return z, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+    return z, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha), previous
 
-  init = (z, jnp.int32(0), jnp.int32(-1), trajectory)
-  z, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  init = (z, jnp.int32(0), jnp.int32(-1), trajectory, previous)
+  z, nfe, first_bad, trajectory, _ = jax.lax.while_loop(cond, body, init)
   return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
 
 
-def sample_first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
+def sample_first_hitting(key, call, z, mask_id, draw, trajectory, previous):
   batch_size, length = z.shape
 
   def cond(carry):  # One reveal per unfinished row and call: ≤ L calls.
     return (carry[2] < length) & (carry[0] == mask_id).any()
 
   def body(carry):
-    z, mask_rate, nfe, first_bad, trajectory = carry
+    z, mask_rate, nfe, first_bad, trajectory, previous = carry
     time_key, position_key, draw_key = masking.split_keys(steps.fold_in(key, nfe), 3)
     masked = z == mask_id
     num_masked = masked.sum(-1)
@@ -193,15 +197,17 @@ def sample_first_hitting(key, denoise_fn, z, mask_id, draw, trajectory):
     )
     # The denoiser sees z just above the hitting time, with α at that time.
     alpha = 1.0 - mask_rate
-    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    logits, previous = call(z, alpha, previous)
     first_bad = steps.first_bad_call(first_bad, nfe, steps.nonfinite_rows(logits, z, mask_id))
     scores = jnp.where(masked, masking.uniform(position_key, z.shape), -1.0)
     position = jax.nn.one_hot(jnp.argmax(scores, -1), length, dtype=jnp.bool_) & masked
     z = jnp.where(position, draw(draw_key, logits), z)
-    return z, mask_rate, nfe + 1, first_bad, steps.record(trajectory, nfe, z, logits, alpha)
+    trajectory = steps.record(trajectory, nfe, z, logits, alpha)
+    return z, mask_rate, nfe + 1, first_bad, trajectory, previous
 
-  init = (z, jnp.ones((batch_size,), jnp.float32), jnp.int32(0), jnp.int32(-1), trajectory)
-  z, _, nfe, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  mask_rate = jnp.ones((batch_size,), jnp.float32)
+  init = (z, mask_rate, jnp.int32(0), jnp.int32(-1), trajectory, previous)
+  z, _, nfe, first_bad, trajectory, _ = jax.lax.while_loop(cond, body, init)
   return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
 
 
@@ -286,7 +292,7 @@ def reveal_count(rule, i, num_steps, masked, initial, *, schedule=None, grid=Non
 
 def sample_confidence(
   key,
-  denoise_fn,
+  call,
   z,
   schedule,
   mask_id,
@@ -296,7 +302,8 @@ def sample_confidence(
   filtered,
   confidence,
   trajectory,
-  reveal_counts="schedule",
+  reveal_counts,
+  previous,
 ):
   grid = steps.time_grid(num_steps, grid_kind)
   batch_size = z.shape[0]
@@ -307,15 +314,15 @@ def sample_confidence(
   # schedule's at-least-one rule or LLaDA's even counts that is after at most min(T, L) steps;
   # Dream's proportional counts keep a mask until the last step, so each of its T steps is a call.
   def cond(carry):
-    i, z, _, _ = carry
+    i, z = carry[:2]
     return (i < num_steps) & (z == mask_id).any()
 
   def body(carry):
-    i, z, first_bad, trajectory = carry
+    i, z, first_bad, trajectory, previous = carry
     step = num_steps - i
     masked = z == mask_id
     alpha = steps.alphas(schedule, grid[step], batch_size)
-    logits = denoise_fn(z, alpha).astype(jnp.float32)
+    logits, previous = call(z, alpha, previous)
     first_bad = steps.first_bad_call(first_bad, i, steps.nonfinite_rows(logits, z, mask_id))
     num_reveal = reveal_count(
       reveal_counts,
@@ -336,8 +343,8 @@ def sample_confidence(
     rank = jnp.argsort(jnp.argsort(-scores, axis=-1, stable=True), axis=-1, stable=True)
     reveal = masked & (rank < num_reveal[:, None])
     z = jnp.where(reveal, drawn, z)
-    return i + 1, z, first_bad, steps.record(trajectory, i, z, logits, alpha)
+    return i + 1, z, first_bad, steps.record(trajectory, i, z, logits, alpha), previous
 
-  init = (jnp.int32(0), z, jnp.int32(-1), trajectory)
-  nfe, z, first_bad, trajectory = jax.lax.while_loop(cond, body, init)
+  init = (jnp.int32(0), z, jnp.int32(-1), trajectory, previous)
+  nfe, z, first_bad, trajectory, _ = jax.lax.while_loop(cond, body, init)
   return z, nfe, first_bad, steps.repeat_final(trajectory, z, nfe)
