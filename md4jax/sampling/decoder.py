@@ -305,9 +305,7 @@ def sample(
   )
   if prompt is not None:
     arguments.check_prompt_shape(prompt, prompt_mask, batch_size, length)
-  slots = 0
-  if cache == "exact":  # The cache holds at most the positions before the last block.
-    slots = min(padded if context_length is None else context_length, padded) - block_size
+  slots = _exact_slots(cache, padded, context_length, block_size)
   plan = blocks.Plan(
     settings=settings,
     batch_size=batch_size,
@@ -385,10 +383,7 @@ def _sample_uniform_blocks(
   if prompt is not None:
     arguments.check_prompt_shape(prompt, prompt_mask, batch_size, length)
     uniform_state.check_prompt_ids(prompt, vocab_size)
-  slots = 0
-  if cache == "exact":  # The cache holds at most the positions before the last block.
-    padded = num_blocks * block_size
-    slots = min(padded if context_length is None else context_length, padded) - block_size
+  slots = _exact_slots(cache, num_blocks * block_size, context_length, block_size)
   plan = blocks.Plan(
     settings=samplers.Settings(mask_id=vocab_size, **settings),
     batch_size=batch_size,
@@ -407,6 +402,13 @@ def _sample_uniform_blocks(
   if not isinstance(info["nonfinite_call"], jax.core.Tracer):
     samplers.check_logits(info, settings["method"])
   return tokens, info
+
+
+def _exact_slots(cache: str, padded: int, context_length, block_size: int) -> int:
+  """Positions the exact cache holds: at most those before the last block (0 without it)."""
+  if cache != "exact":
+    return 0
+  return min(padded if context_length is None else context_length, padded) - block_size
 
 
 def _cache_bytes(plan: blocks.Plan, denoiser: Denoiser) -> int:
