@@ -27,12 +27,6 @@ _STEPS = flags.DEFINE_integer("num_steps", 0, "Sampler steps (ancestral); 0 = th
 flags.mark_flags_as_required(["base", "post", "reward", "beta"])
 
 
-def bigram_frequencies(tokens: np.ndarray, vocab: int) -> np.ndarray:
-  counts = np.zeros((vocab, vocab))
-  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
-  return counts / counts.sum()
-
-
 def main(argv):
   del argv
   reward = np.load(_REWARD.value)
@@ -57,12 +51,11 @@ def main(argv):
     )
     tokens = np.asarray(tokens)
     scores = reward[tokens[:, :-1], tokens[:, 1:]].sum(-1)
-    frequencies = bigram_frequencies(tokens, vocab)
     report[name] = {
       "step": model.step,
       "reward_mean": float(scores.mean()),
       "reward_stderr": float(scores.std(ddof=1) / np.sqrt(len(scores))),
-      "bigram_tv_to_optimum": float(0.5 * np.abs(frequencies - target.bigram_frequencies()).sum()),
+      "bigram_tv_to_optimum": optimum.bigram_distance(tokens, target),
     }
   chain = optimum.PositionalChain(
     language.initial, np.broadcast_to(language.transition, (length - 1, vocab, vocab))

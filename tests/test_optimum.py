@@ -81,7 +81,8 @@ def test_large_rewards_do_not_overflow():
 
 
 def test_samples_follow_the_chain():
-  """Pearson χ² of each position's pairs against the chain's pair laws (p = 1e-4 per test)."""
+  """Pearson χ² of each position's pairs against the chain's pair laws (p = 1e-4 per test), and
+  `bigram_distance` of samples against the exact distance."""
   language = MarkovLanguage(VOCAB, seed=1)
   reward = np.random.default_rng(1).normal(size=(VOCAB, VOCAB))
   chain, _ = optimum.kl_optimum(language, reward, 0.5, LENGTH)
@@ -93,6 +94,15 @@ def test_samples_follow_the_chain():
     np.add.at(counts, (x[:, position], x[:, position + 1]), 1)
     chi2 = ((counts - n * law) ** 2 / (n * law)).sum()
     assert chi2 < stats.chi2.ppf(1 - 1e-4, VOCAB * VOCAB - 1), position
+  # The bigram distance of samples: near 0 for the chain's own, near the exact distance between
+  # the two laws' expected frequencies for the language's.
+  assert optimum.bigram_distance(x, chain) < 0.02
+  base = optimum.PositionalChain(
+    language.initial, np.broadcast_to(language.transition, (LENGTH - 1, VOCAB, VOCAB))
+  )
+  exact = 0.5 * np.abs(base.bigram_frequencies() - chain.bigram_frequencies()).sum()
+  other = np.asarray(language.sample(jax.random.PRNGKey(1), n, LENGTH))
+  assert exact > 0.1 and abs(optimum.bigram_distance(other, chain) - exact) < 0.02
 
 
 @pytest.mark.parametrize(

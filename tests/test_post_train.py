@@ -92,12 +92,6 @@ def _samples(workdir, rows=2048):
   return np.asarray(tokens), loaded.language
 
 
-def _bigram_frequencies(x):
-  counts = np.zeros((VOCAB, VOCAB))
-  np.add.at(counts, (x[:, :-1].ravel(), x[:, 1:].ravel()), 1)
-  return counts / counts.sum()
-
-
 def test_post_training_moves_the_policy_toward_the_exact_optimum(base, tmp_path):
   """Dr. GRPO with a β-KL (β = 2, NELBO with 4 draws): the samples' mean reward and their bigram
   frequencies (a first-order chain fitted to them) move from the base model's toward π*'s."""
@@ -115,7 +109,7 @@ def test_post_training_moves_the_policy_toward_the_exact_optimum(base, tmp_path)
   target, _ = optimum.kl_optimum(language, reward, 2.0, LENGTH)
 
   def distance(x):
-    return 0.5 * np.abs(_bigram_frequencies(x) - target.bigram_frequencies()).sum()
+    return optimum.bigram_distance(x, target)
 
   scores = [reward[x[:, :-1], x[:, 1:]].sum(-1) for x in (before, after)]
   gained = scores[1].mean() - scores[0].mean()

@@ -15,6 +15,16 @@ import numpy as np
 from md4jax.diffusion import groundtruth
 
 
+def bigram_distance(tokens, chain: "PositionalChain") -> float:
+  """Total variation between the bigram frequencies of samples tokens [N, L] (a first-order
+  chain fitted to them, pooled over positions) and chain's expected ones."""
+  tokens = np.asarray(tokens)
+  vocab = chain.vocab_size
+  counts = np.zeros((vocab, vocab))
+  np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
+  return float(0.5 * np.abs(counts / counts.sum() - chain.bigram_frequencies()).sum())
+
+
 class PositionalChain:
   """A Markov chain whose transition depends on the position: q(x) = q_1(x_1) Π_ℓ Q_ℓ[x_ℓ, x_ℓ+1].
 
