@@ -240,17 +240,20 @@ def test_init_from_without_a_checkpoint_is_one_line_on_the_command_line(tmp_path
   assert len(lines) == 1 and "post_train.init_from" in lines[0], result.stderr[-2000:]
 
 
-def _sums(path, count, seed):
+def _sums(path, count, seed, high=5):
   rng = np.random.default_rng(seed)
   with open(path, "w") as f:
-    for a, b in rng.integers(0, 5, size=(count, 2)):
+    for a, b in rng.integers(0, high, size=(count, 2)):
       f.write(json.dumps({"prompt": f"{a}+{b}=", "response": str(a + b)}) + "\n")
 
 
 def test_exact_match_rolls_out_each_prompt_and_scores_its_answer(tmp_path):
-  """Conditional data: a char model SFT'd on sums, then post-trained with exact_match: its
-  rollouts score; and exact_match's law on hand-built rollouts (right, too long, wrong)."""
+  """Conditional data: a char model SFT'd on sums, then post-trained with exact_match on prompts
+  of fewer digits (whose own char alphabet would number the tokens otherwise): it reads them
+  with the SFT's tokenizer and its rollouts score; and exact_match's law on hand-built rollouts
+  (right, too long, wrong)."""
   _sums(tmp_path / "sums.jsonl", 400, 0)
+  _sums(tmp_path / "small_sums.jsonl", 100, 1, high=3)  # Sums 0..4: no 5, 6, 7 or 8.
   config = config_lib.load_config("tiny")
   config.data.update(dataset="conditional", path=str(tmp_path / "sums.jsonl"), vocab_size=0)
   config.data.update(tokenizer="char", seq_len=8)
@@ -263,8 +266,11 @@ def test_exact_match_rolls_out_each_prompt_and_scores_its_answer(tmp_path):
   post.update(batch_size=8, num_train_steps=3, log_every_steps=1, checkpoint_every_steps=3)
   post.optimizer.update(warmup_steps=1, ema_decay=0.0)
   post.sample.update(method="confidence", num_steps=4, temperature=1.0)
+  post.data.path = str(tmp_path / "small_sums.jsonl")
   post.post_train.update(init_from=str(tmp_path / "sft"), reward="exact_match", group_size=4)
   record = post_train.post_train(post, tmp_path / "post")
+  tokenizers = [(tmp_path / run / "tokenizer.json").read_text() for run in ("sft", "post")]
+  assert tokenizers[0] == tokenizers[1]
   # The SFT'd model answers most sums (0.59 in the run that set this): a span or an answer
   # misaligned by one position would score 0 throughout.
   assert 0.2 < record["reward_mean"] <= 1.0 and "kl" not in record  # β = 0: no KL estimated.

@@ -25,11 +25,29 @@ from md4jax import config as config_lib
 from md4jax import rng
 from md4jax.app import frontier, generate, judge, load, metrics_writer, plots, report
 from md4jax.data import sources
+from md4jax.data import tokenizer as tokenizer_lib
 from md4jax.evaluation import evaluate
 from md4jax.runtime import sharding
 from md4jax.runtime import workdir as workdir_lib
 from md4jax.training import adaptation, checkpoint, preemption, train
 from md4jax.training import state as state_lib
+
+
+def _inherit_tokenizer(config, init_from, workdir: workdir_lib.Workdir) -> None:
+  """A fresh run from init_from reads its text with init_from's tokenizer, the ids its params
+  were trained on, not one built anew from this run's data (a char alphabet of other data would
+  renumber the tokens): copied into the workdir, where the pipeline reuses a saved one.
+  data.tokenizer_path, a tokenizer already in the workdir, or a kind other than
+  data.tokenizer's keep the pipeline's own choice."""
+  data, source = config.data, workdir_lib.as_workdir(init_from).tokenizer
+  if data.dataset in ("markov", "text8") or data.tokenizer_path or workdir.tokenizer.is_file():
+    return
+  if not source.is_file() or tokenizer_lib.load(source).kind != data.tokenizer:
+    return
+  workdir.root.mkdir(parents=True, exist_ok=True)
+  partial = workdir.tokenizer.with_suffix(f".{jax.process_index()}.partial")
+  partial.write_bytes(source.read_bytes())
+  partial.replace(workdir.tokenizer)  # Atomic: every process writes the same bytes.
 
 
 class Run:
@@ -58,6 +76,8 @@ class Run:
       saved = checkpoint.newest_config(checkpoint.make_manager(self.workdir.checkpoints, 1))
       if saved is not None:
         config_lib.check_resume(saved, config, self.workdir.checkpoints)
+    if self.init_from and not self.workdir.checkpoints.is_dir():
+      _inherit_tokenizer(config, self.init_from, self.workdir)
     self.source = sources.make_source(
       config, self.workdir, shard=sharding.process_batch_shard(self.mesh, config.batch_size)
     )
