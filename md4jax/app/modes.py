@@ -33,21 +33,41 @@ from md4jax.training import adaptation, checkpoint, preemption, train
 from md4jax.training import state as state_lib
 
 
-def _inherit_tokenizer(config, init_from, workdir: workdir_lib.Workdir) -> None:
-  """A fresh run from init_from reads its text with init_from's tokenizer, the ids its params
-  were trained on, not one built anew from this run's data (a char alphabet of other data would
-  renumber the tokens): copied into the workdir, where the pipeline reuses a saved one.
-  data.tokenizer_path, a tokenizer already in the workdir, or a kind other than
-  data.tokenizer's keep the pipeline's own choice."""
+def _inherit_tokenizer(config, init_from, init_from_key: str, workdir: workdir_lib.Workdir):
+  """A fresh run from init_from reads its text with init_from's saved tokenizer, the ids its
+  params were trained on, not one built anew from this run's data (a char alphabet of other
+  data would renumber the tokens): saved into the workdir, where the pipeline reuses it.
+  data.tokenizer_path names another on purpose; generated data and text8 have fixed ids. A
+  kind other than data.tokenizer's, or another tokenizer already in the workdir, is an error."""
   data, source = config.data, workdir_lib.as_workdir(init_from).tokenizer
-  if data.dataset in ("markov", "text8") or data.tokenizer_path or workdir.tokenizer.is_file():
+  if data.dataset in ("markov", "text8") or data.tokenizer_path or not source.is_file():
     return
-  if not source.is_file() or tokenizer_lib.load(source).kind != data.tokenizer:
+  inherited = tokenizer_lib.load(source)
+  where = f"{init_from_key}={str(init_from)!r}"
+  if inherited.kind != data.tokenizer:
+    raise ValueError(
+      f"{where} reads text with a {inherited.kind!r} tokenizer, not data.tokenizer="
+      f"{data.tokenizer!r}: set data.tokenizer={inherited.kind!r} (the ids its params know) or "
+      "name another in data.tokenizer_path."
+    )
+  if workdir.tokenizer.is_file():
+    if _fingerprint(tokenizer_lib.load(workdir.tokenizer)) != _fingerprint(inherited):
+      raise ValueError(
+        f"{workdir.tokenizer} is not {where}'s tokenizer: remove it (this run has no "
+        "checkpoint that used it) or start in a new workdir."
+      )
     return
-  workdir.root.mkdir(parents=True, exist_ok=True)
-  partial = workdir.tokenizer.with_suffix(f".{jax.process_index()}.partial")
-  partial.write_bytes(source.read_bytes())
-  partial.replace(workdir.tokenizer)  # Atomic: every process writes the same bytes.
+  inherited.save(workdir.root)
+  print(
+    f"{init_from_key}: reading the text with its {inherited.kind} tokenizer "
+    f"({inherited.vocab_size} ids)."
+  )
+
+
+def _fingerprint(tokenizer) -> tuple:
+  """What two tokenizers share when they number every token alike."""
+  ids = np.arange(tokenizer.vocab_size)
+  return tokenizer.kind, tokenizer.eos_id, tokenizer.vocab_size, tokenizer.decode(ids)
 
 
 class Run:
@@ -77,7 +97,7 @@ class Run:
       if saved is not None:
         config_lib.check_resume(saved, config, self.workdir.checkpoints)
     if self.init_from and not self.workdir.checkpoints.is_dir():
-      _inherit_tokenizer(config, self.init_from, self.workdir)
+      _inherit_tokenizer(config, self.init_from, init_from_key, self.workdir)
     self.source = sources.make_source(
       config, self.workdir, shard=sharding.process_batch_shard(self.mesh, config.batch_size)
     )

@@ -177,7 +177,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.training.loss_units = "nats"  # Unit of the per-token loss whose gradient the optimizer sees: "nats" or "bits" (MD4; the gradient / ln 2).
   config.training.max_checkpoints_to_keep = 3  # Older checkpoints are deleted.
   config.training.grad_accum_steps = 1  # Microbatches per step (gradients summed): the step of the whole batch in less memory.
-  config.training.init_from = ""  # A workdir (md4jax-trained or converted) whose newest EMA params start a fresh run at step 0, the EMA at them; its network's param shapes must match (AR → MDM: configs/adapt.py), and its saved tokenizer reads this run's text unless data.tokenizer_path names one; a workdir with checkpoints of its own resumes them instead; "" = a random init.
+  config.training.init_from = ""  # A workdir (md4jax-trained or converted) whose newest EMA params start a fresh run at step 0, the EMA at them; its network's param shapes must match (AR → MDM: configs/adapt.py), and its saved tokenizer (of data.tokenizer's kind, else an error) reads this run's text unless data.tokenizer_path names one; a workdir with checkpoints of its own resumes them instead; "" = a random init.
   config.training.attention_anneal_steps = 0  # mdm: DiffuLLaMA's annealing over N steps: at step s query i reads keys j <= i and each later one with probability min(1, s / N) (one draw per pair and step): causal at 0, bidirectional from N on (eval and sampling always); 0 = bidirectional throughout.
 
   config.eval = ml_collections.ConfigDict()
@@ -204,7 +204,7 @@ def base_config() -> ml_collections.ConfigDict:
   # --mode=post_train (docs/post_training.md): the policy starts at post_train.init_from's EMA
   # params, which stay its frozen reference; rollouts are drawn with sample.*.
   config.post_train = ml_collections.ConfigDict()
-  config.post_train.init_from = ""  # The workdir whose newest EMA params start the policy and stay its frozen KL reference (required; the same network shapes; its saved tokenizer reads the prompts).
+  config.post_train.init_from = ""  # The workdir whose newest EMA params start the policy and stay its frozen KL reference (required; the same network shapes; its saved tokenizer, of data.tokenizer's kind, reads the prompts).
   config.post_train.reward = ""  # "bigram:FILE.npy" (a [V, V] table R: a rollout scores Σ R[x_ℓ, x_ℓ+1] over the pairs ending in a generated token), "exact_match" (1 if the generated span is the conditional example's response and EOS, else 0) or "module:function" (a Python callable on the rollouts, a dict of [N, L] arrays tokens, generated, reference, reference_editable -> N finite rewards).
   config.post_train.pairs = ""  # algorithm "vrpo": a JSONL file of {"prompt", "chosen", "rejected"} (batch_size pairs a step); "" otherwise.
   config.post_train.algorithm = "grpo"  # Advantages within each group: "grpo" ((r − mean) / (std + 1e-4)), "dr_grpo" (r − mean) or "rloo" (r − the others' mean); or "vrpo": DPO on post_train.pairs with VRPO's shared draws (β: DPO's).
@@ -220,7 +220,7 @@ def base_config() -> ml_collections.ConfigDict:
   # a uniform-state one, in rounds of num_train_steps / distill.rounds steps, each halving the
   # sampler's steps.
   config.distill = ml_collections.ConfigDict()
-  config.distill.init_from = ""  # The workdir whose newest EMA params start the student (required; the same network shapes), and with distill.teacher "" its first teacher.
+  config.distill.init_from = ""  # The workdir whose newest EMA params start the student (required; the same network shapes; its saved tokenizer, of data.tokenizer's kind, reads text), and with distill.teacher "" its first teacher.
   config.distill.teacher = ""  # The first round's teacher: "" (init_from's network: self-distillation) or "oracle" (the exact denoiser of data.dataset markov's language, of the run's diffusion.process); each later round's is the round before's student.
   config.distill.teacher_steps = 64  # The first teacher's ancestral steps T: round r's student (from 1) learns two teacher steps in one, T / 2^r steps; 2^rounds must divide it.
   config.distill.rounds = 4  # Rounds, each num_train_steps / rounds optimizer steps (dividing it): the last student samples in teacher_steps / 2^rounds steps.
