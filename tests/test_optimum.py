@@ -103,6 +103,10 @@ def test_samples_follow_the_chain():
   exact = 0.5 * np.abs(base.bigram_frequencies() - chain.bigram_frequencies()).sum()
   other = np.asarray(language.sample(jax.random.PRNGKey(1), n, LENGTH))
   assert exact > 0.1 and abs(optimum.bigram_distance(other, chain) - exact) < 0.02
+  with pytest.raises(ValueError, match=rf"not \[N, {LENGTH}\]"):
+    optimum.bigram_distance(x[:, :-1], chain)
+  with pytest.raises(ValueError, match="outside"):
+    optimum.bigram_distance(np.full_like(x, VOCAB), chain)
 
 
 @pytest.mark.parametrize(

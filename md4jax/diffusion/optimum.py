@@ -20,6 +20,13 @@ def bigram_distance(tokens, chain: "PositionalChain") -> float:
   chain fitted to them, pooled over positions) and chain's expected ones."""
   tokens = np.asarray(tokens)
   vocab = chain.vocab_size
+  if tokens.ndim != 2 or tokens.shape[1] != chain.length:
+    raise ValueError(
+      f"bigram_distance: samples of shape {list(tokens.shape)}, not [N, {chain.length}] (the "
+      "chain's length: its pair laws depend on the position)."
+    )
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+    raise ValueError(f"bigram_distance: token ids outside [0, {vocab}) (a mask id left?).")
   counts = np.zeros((vocab, vocab))
   np.add.at(counts, (tokens[:, :-1].ravel(), tokens[:, 1:].ravel()), 1)
   return float(0.5 * np.abs(counts / counts.sum() - chain.bigram_frequencies()).sum())
