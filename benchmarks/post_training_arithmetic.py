@@ -46,6 +46,7 @@ _SFT_EXAMPLES = flags.DEFINE_integer(
 _SAMPLED_DRAWS = flags.DEFINE_integer("sampled_draws", 8, "Sampled answers per held-out prompt.")
 _SKIP_SFT = flags.DEFINE_bool("reuse_sft", False, "Reuse DIR/sft from an earlier run.")
 _MORE_SFT = flags.DEFINE_bool("more_sft", True, "Also run more SFT for GRPO's wall time.")
+ROLLOUT_STEPS = 4  # The rollouts' confidence steps, and the sampled accuracy's.
 
 
 def _write_sums(path: pathlib.Path, pairs: np.ndarray):
@@ -130,13 +131,16 @@ def main(argv):
   del argv
   root = pathlib.Path(_DIR.value)
   if _SKIP_SFT.value:
-    held_out = _data(root)  # The same split: its seed is fixed.
-    sft_run = json.loads((root / "sft_run.json").read_text())
-    if sft_run["examples"] != _SFT_EXAMPLES.value:
+    record = root / "sft_run.json"
+    if not record.is_file():
+      raise SystemExit(f"--reuse_sft: no {record}; run once without --reuse_sft.")
+    sft_run = json.loads(record.read_text())
+    asked = {"examples": _SFT_EXAMPLES.value, "steps": _SFT_STEPS.value, "max_operand": _MAX.value}
+    if any(sft_run.get(name) != value for name, value in asked.items()):
       raise SystemExit(
-        f"--reuse_sft: {root / 'sft'} trained on sft_examples={sft_run['examples']}, "
-        f"not {_SFT_EXAMPLES.value}."
+        f"--reuse_sft: {root / 'sft'} was trained with {sft_run}, not the flags' {asked}."
       )
+    held_out = _data(root)  # The same split: its seed is fixed.
     sft_seconds = sft_run["seconds"]
     for name in ("grpo", "more_sft"):
       shutil.rmtree(root / name, ignore_errors=True)
@@ -147,12 +151,16 @@ def main(argv):
     started = time.perf_counter()
     modes.train_and_evaluate(_sft_config(root, _SFT_STEPS.value), root / "sft")
     sft_seconds = time.perf_counter() - started
-    sft_run = {"seconds": sft_seconds, "examples": _SFT_EXAMPLES.value}
+    sft_run = {
+      "seconds": sft_seconds,
+      "examples": _SFT_EXAMPLES.value,
+      "steps": _SFT_STEPS.value,
+      "max_operand": _MAX.value,
+    }
     (root / "sft_run.json").write_text(json.dumps(sft_run))
   report = {"sft_steps": _SFT_STEPS.value, "sft_seconds": sft_seconds}
   report["sft_examples"] = _SFT_EXAMPLES.value or "all"
-  rollout_steps = 4
-  score = lambda workdir: accuracy(workdir, held_out, rollout_steps, _TEMPERATURE.value)
+  score = lambda workdir: accuracy(workdir, held_out, ROLLOUT_STEPS, _TEMPERATURE.value)
   report["sft"] = score(root / "sft")
 
   post = _sft_config(root, _POST_STEPS.value)
@@ -162,7 +170,7 @@ def main(argv):
   post.optimizer.update(
     learning_rate=_LEARNING_RATE.value, warmup_steps=min(5, _POST_STEPS.value - 1), ema_decay=0.0
   )
-  post.sample.update(method="confidence", num_steps=rollout_steps, temperature=_TEMPERATURE.value)
+  post.sample.update(method="confidence", num_steps=ROLLOUT_STEPS, temperature=_TEMPERATURE.value)
   post.data.path = str(root / "train.jsonl")  # Every training prompt: the reward is a verifier.
   post.post_train.update(init_from=str(root / "sft"), reward="exact_match", algorithm="grpo")
   post.post_train.update(
