@@ -9,7 +9,7 @@ budget of denoiser calls in its log π estimates, budget / (calls per estimate) 
 seed. Reports the trace of the gradient's covariance at the base params (over fresh rollouts
 and draws) and, mean ± SE over the seeds, the samples' mean reward after the budget and the
 total variation between their bigram frequencies and π*'s (exact, docs/math.md § 11), with the
-base model's and π*'s. Prints JSON.
+base model's and π*'s. Seconds count each run's compilation. Prints JSON.
 
   python benchmarks/post_training_estimators_network.py --dir=/tmp/md4jax_estimators
 """
@@ -49,10 +49,11 @@ RUNS = (
   ("d1", "d1", 1, 1),
   ("coupled", "coupled", 1, 2),
 )
-PROMPTS, GROUP_SIZE, SAMPLER_STEPS = 8, 8, 16
+GROUPS, GROUP_SIZE, SAMPLER_STEPS = 8, 8, 16
 
 
 def _base(root: pathlib.Path) -> None:
+  shutil.rmtree(root / "base", ignore_errors=True)
   config = config_lib.load_config("tiny")
   config.num_train_steps = config.eval_every_steps = _BASE_STEPS.value
   config.checkpoint_every_steps = config.log_every_steps = _BASE_STEPS.value
@@ -66,7 +67,7 @@ def _base(root: pathlib.Path) -> None:
 def _post_config(root: pathlib.Path, likelihood: str, draws: int, steps: int, seed: int):
   config = config_lib.load_config("tiny")
   config.seed = seed  # The rollouts' and draws' stream.
-  config.batch_size = PROMPTS  # Prompts, each rolled out GROUP_SIZE times.
+  config.batch_size = GROUPS  # Unprompted rows, each rolled out GROUP_SIZE times.
   config.num_train_steps = config.checkpoint_every_steps = steps
   config.log_every_steps = max(1, steps // 4)
   config.optimizer.update(learning_rate=_LEARNING_RATE.value, warmup_steps=1, ema_decay=0.0)
@@ -110,7 +111,7 @@ def _gradient_variance(root: pathlib.Path, reward: np.ndarray, likelihood: str, 
   loaded = md4jax.load(root / "base")
   config = loaded.config.copy_and_resolve_references()
   config.post_train.update(likelihood=likelihood, likelihood_draws=draws)
-  length, rows = loaded.config.data.seq_len, PROMPTS * GROUP_SIZE
+  length, rows = loaded.config.data.seq_len, GROUPS * GROUP_SIZE
   table = jnp.asarray(reward, jnp.float32)
 
   @jax.jit
@@ -161,7 +162,7 @@ def main(argv):
   report = {
     "beta": _BETA.value,
     "budget_calls": _BUDGET.value,
-    "rollouts_per_step": PROMPTS * GROUP_SIZE,
+    "rollouts_per_step": GROUPS * GROUP_SIZE,
     "base": _scores(root / "base", reward, target),
     "optimum": {
       "reward_mean": target.expected_reward(reward),
