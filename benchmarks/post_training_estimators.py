@@ -6,12 +6,16 @@ of log π (exact; NELBO with K = 1, 4, 16 draws; d1's one step; coupled masks) a
 budget of denoiser calls, it reports the gradient's variance at the base policy, and after the
 budget: the share of the gap in E[r] − β KL(π ‖ p) to π* closed (π* exact, docs/math.md § 11),
 the bigram distance to π*, and the same with the KL's log-ratio taken from the gradient's own
-draws. Then VRPO's variance reduction: the variance of the DPO loss's estimate on pairs with the
-policy's and the reference's draws shared, against independent draws.
+draws. Each estimator's log π(x) of the language's sequences, the language's own posterior the
+denoiser, against the exact log π(x): its mean error (bias), the spread of that error over
+sequences, and its variance per estimate and per call. Then VRPO's variance reduction: the
+variance of the DPO loss's estimate on pairs with the policy's and the reference's draws
+shared, against independent draws.
 
   python benchmarks/post_training_estimators.py > /tmp/estimators.json
 """
 
+import functools
 import json
 import time
 
@@ -31,6 +35,11 @@ _BUDGET = flags.DEFINE_integer("budget", 8000, "Denoiser calls per log π estima
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Languages and rewards (one run each).")
 _GRADIENTS = flags.DEFINE_integer("gradients", 200, "Gradients drawn to measure the variance.")
 _PAIRS = flags.DEFINE_integer("pairs", 64, "Preference pairs for VRPO's variance.")
+_SEQUENCES = flags.DEFINE_integer("sequences", 64, "Sequences whose log π estimates are scored.")
+_REPEATS = flags.DEFINE_integer("repeats", 200, "Estimates of each sequence's log π.")
+_LIKELIHOOD_ONLY = flags.DEFINE_bool(
+  "likelihood_only", False, "Only the log π estimates against the exact one."
+)
 
 # (label, estimator, draws, the KL's log-ratio from the gradient's own draws)
 RUNS = (
@@ -115,6 +124,31 @@ def _post_train(language, reward, target, log_z, estimator, draws, shared) -> di
   }
 
 
+def _likelihood_errors(language, seed: int) -> dict:
+  """Each estimator's log p(x) of sequences of the language, its own exact posterior the
+  denoiser, against the exact log p(x): per estimator, the errors of the mean of the draws
+  [sequences] and the variance of one estimate per sequence [sequences]."""
+  params = chain_policy.params_of(language)
+  seed_key = jax.random.PRNGKey(seed)
+  x = language.sample(jax.random.fold_in(seed_key, 1), _SEQUENCES.value, _LENGTH.value)
+  exact = np.asarray(chain_policy.log_prob(params, None, x, "exact"), np.float64)
+  keys = jax.random.split(jax.random.fold_in(seed_key, 2), _REPEATS.value)
+  result = {}
+  for label, estimator, draws, shared in RUNS:
+    if estimator == "exact" or shared:
+      continue
+    estimate = jax.jit(
+      functools.partial(chain_policy.log_prob, params, x=x, estimator=estimator, draws=draws)
+    )
+    values = np.stack([np.asarray(estimate(k), np.float64) for k in keys])  # [draws, sequences]
+    result[label] = {
+      "calls": calls_per_estimate(estimator, draws),
+      "errors": values.mean(0) - exact,
+      "variances": values.var(0, ddof=1),
+    }
+  return result
+
+
 def _vrpo_variance(language, seed: int) -> dict:
   """Variance of the DPO loss's estimate (NELBO, one draw) per pair: shared vs independent draws
   for the policy and the reference; the policy is the base chain with perturbed transitions."""
@@ -162,55 +196,72 @@ def _vrpo_variance(language, seed: int) -> dict:
   return result
 
 
+def _summary(values) -> dict:
+  values = np.asarray(values, np.float64)
+  return {"mean": float(values.mean()), "stderr": float(values.std(ddof=1) / np.sqrt(len(values)))}
+
+
+def _likelihood_table(errors: list) -> dict:
+  """Per estimator, pooled over the seeds' sequences: the mean error ± SE; the SD over sequences
+  of each one's own error (its estimate's noise over the repeats taken out); the variance of
+  one estimate, and that times the calls it costs."""
+  table = {}
+  for label in errors[0]:
+    mean_errors = np.concatenate([e[label]["errors"] for e in errors])
+    variance = float(np.mean([e[label]["variances"] for e in errors]))
+    spread = max(0.0, mean_errors.var(ddof=1) - variance / _REPEATS.value)
+    table[label] = {
+      "bias": _summary(mean_errors),
+      "bias_spread_over_sequences": float(np.sqrt(spread)),
+      "variance": variance,
+      "variance_times_calls": variance * errors[0][label]["calls"],
+    }
+  return table
+
+
 def main(argv):
   del argv
   runs = {label: [] for label, *_ in RUNS}
-  vrpo = []
+  vrpo, errors = [], []
   for seed in range(_SEEDS.value):
     language = groundtruth.MarkovLanguage(_VOCAB.value, seed=seed, concentration=1.0)
     reward = np.random.default_rng(seed).normal(size=(_VOCAB.value, _VOCAB.value))
     target, log_z = optimum.kl_optimum(language, reward, _BETA.value, _LENGTH.value)
+    errors.append(_likelihood_errors(language, seed))
+    if _LIKELIHOOD_ONLY.value:
+      continue
     for label, estimator, draws, shared in RUNS:
       runs[label].append(_post_train(language, reward, target, log_z, estimator, draws, shared))
     vrpo.append(_vrpo_variance(language, seed))
-
-  def summary(values):
-    values = np.asarray(values, np.float64)
-    return {
-      "mean": float(values.mean()),
-      "stderr": float(values.std(ddof=1) / np.sqrt(len(values))),
-    }
-
-  table = {
-    label: {
-      "calls_per_estimate": calls_per_estimate(estimator, draws),
-      "updates": results[0]["updates"],
-      **{
-        metric: summary([r[metric] for r in results])
-        for metric in ("gap_closed", "bigram_distance", "gradient_variance", "seconds")
-      },
-    }
-    for (label, estimator, draws, _), results in zip(RUNS, runs.values())
+  report = {
+    "vocab_size": _VOCAB.value,
+    "length": _LENGTH.value,
+    "seeds": _SEEDS.value,
+    "log_likelihood_against_exact": _likelihood_table(errors),
   }
-  print(
-    json.dumps(
-      {
-        "vocab_size": _VOCAB.value,
-        "length": _LENGTH.value,
-        "beta": _BETA.value,
-        "budget_calls": _BUDGET.value,
-        "seeds": _SEEDS.value,
-        "rollouts_per_update": GROUPS * GROUP_SIZE,
-        "base_bigram_distance": summary([r["base_bigram_distance"] for r in runs["exact"]]),
-        "estimators": table,
-        "vrpo_loss_variance": {
-          name: summary([v[name] for v in vrpo])
-          for name in ("shared", "independent", "exact_mean_loss")
-        },
+  if not _LIKELIHOOD_ONLY.value:
+    report.update(
+      beta=_BETA.value,
+      budget_calls=_BUDGET.value,
+      rollouts_per_update=GROUPS * GROUP_SIZE,
+      base_bigram_distance=_summary([r["base_bigram_distance"] for r in runs["exact"]]),
+      estimators={
+        label: {
+          "calls_per_estimate": calls_per_estimate(estimator, draws),
+          "updates": results[0]["updates"],
+          **{
+            metric: _summary([r[metric] for r in results])
+            for metric in ("gap_closed", "bigram_distance", "gradient_variance", "seconds")
+          },
+        }
+        for (label, estimator, draws, _), results in zip(RUNS, runs.values())
       },
-      indent=2,
+      vrpo_loss_variance={
+        name: _summary([v[name] for v in vrpo])
+        for name in ("shared", "independent", "exact_mean_loss")
+      },
     )
-  )
+  print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
