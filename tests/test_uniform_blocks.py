@@ -259,6 +259,17 @@ def test_blocks_of_one_token_draw_the_chain_in_one_step_each(small_chain):
   assert _chi_square_p(tokens, law) < 1e-6
 
 
+def test_greedy_tail_in_blocks_of_one_token_decodes_the_chain_greedily(small_chain):
+  """b = 1, T = 1, greedy_tail: each block's one step takes the most probable token given the
+  blocks before, so every row is the chain's greedy path."""
+  chain, _ = small_chain
+  tokens, _ = _block_samples(chain, 1, 1, n=64, method="greedy_tail")
+  path = [int(np.argmax(chain.initial))]
+  for _ in range(SAMPLE_LENGTH - 1):
+    path.append(int(np.argmax(chain.transition[path[-1]])))
+  np.testing.assert_array_equal(tokens, np.broadcast_to(path, tokens.shape))
+
+
 def test_blocks_with_many_steps_draw_the_chain(small_chain):
   chain, law = small_chain
   tokens, info = _block_samples(chain, 2, 256)
@@ -276,7 +287,7 @@ def test_a_prompt_is_kept_and_conditions_the_blocks(small_chain):
   assert stats.chisquare(counts, transition[0] * counts.sum()).pvalue > P_VALUE
 
 
-@pytest.mark.parametrize("method", ["ancestral", "canvas"])
+@pytest.mark.parametrize("method", ["ancestral", "greedy_tail", "canvas"])
 def test_the_exact_cache_samples_what_a_call_per_block_samples(method):
   model = _network()
   x = jnp.zeros((2, LENGTH), jnp.int32)
