@@ -20,6 +20,7 @@ import time
 
 import jax
 import numpy as np
+import sums_verifier
 from absl import app, flags
 
 import md4jax
@@ -46,13 +47,20 @@ _SFT_EXAMPLES = flags.DEFINE_integer(
 _SAMPLED_DRAWS = flags.DEFINE_integer("sampled_draws", 8, "Sampled answers per held-out prompt.")
 _SKIP_SFT = flags.DEFINE_bool("reuse_sft", False, "Reuse DIR/sft from an earlier run.")
 _MORE_SFT = flags.DEFINE_bool("more_sft", True, "Also run more SFT for GRPO's wall time.")
+_VERIFIER = flags.DEFINE_bool(
+  "verifier",
+  False,
+  "GRPO on prompts without answers, rewarded by sums_verifier (a + b computed from the prompt) "
+  "instead of exact_match.",
+)
 ROLLOUT_STEPS = 4  # The rollouts' confidence steps, and the sampled accuracy's.
 
 
-def _write_sums(path: pathlib.Path, pairs: np.ndarray):
+def _write_sums(path: pathlib.Path, pairs: np.ndarray, answers: bool = True):
   with path.open("w") as f:
     for a, b in pairs:
-      f.write(json.dumps({"prompt": f"{a}+{b}=", "response": str(a + b)}) + "\n")
+      response = str(a + b) if answers else ""
+      f.write(json.dumps({"prompt": f"{a}+{b}=", "response": response}) + "\n")
 
 
 def _data(root: pathlib.Path) -> list:
@@ -63,6 +71,7 @@ def _data(root: pathlib.Path) -> list:
   held_out, train = everything[order[: _EVAL.value]], everything[order[_EVAL.value :]]
   _write_sums(root / "train.jsonl", train)
   _write_sums(root / "sft.jsonl", train[: _SFT_EXAMPLES.value or len(train)])
+  _write_sums(root / "prompts.jsonl", train, answers=False)
   return [(f"{a}+{b}=", str(a + b)) for a, b in held_out]
 
 
@@ -171,8 +180,13 @@ def main(argv):
     learning_rate=_LEARNING_RATE.value, warmup_steps=min(5, _POST_STEPS.value - 1), ema_decay=0.0
   )
   post.sample.update(method="confidence", num_steps=ROLLOUT_STEPS, temperature=_TEMPERATURE.value)
-  post.data.path = str(root / "train.jsonl")  # Every training prompt: the reward is a verifier.
-  post.post_train.update(init_from=str(root / "sft"), reward="exact_match", algorithm="grpo")
+  # Every training prompt: exact_match reads an answer only to check a rollout; the verifier
+  # computes it from the prompt.
+  post.data.path = str(root / ("prompts.jsonl" if _VERIFIER.value else "train.jsonl"))
+  reward = "sums_verifier:correct_sum" if _VERIFIER.value else "exact_match"
+  if _VERIFIER.value and md4jax.load(root / "sft").tokenizer.alphabet != sums_verifier.ALPHABET:
+    raise SystemExit(f"--verifier: the SFT's alphabet is not {sums_verifier.ALPHABET!r}.")
+  post.post_train.update(init_from=str(root / "sft"), reward=reward, algorithm="grpo")
   post.post_train.update(
     group_size=_GROUP.value,
     beta=_BETA.value,
@@ -191,6 +205,7 @@ def main(argv):
     grpo_group_size=_GROUP.value,
     grpo_likelihood=f"{_LIKELIHOOD.value} x{_DRAWS.value}",
     grpo_temperature=_TEMPERATURE.value,
+    grpo_reward=reward,
   )
   report["grpo"] = score(root / "grpo")
 
