@@ -105,10 +105,9 @@ def _scores(workdir, reward: np.ndarray, target) -> dict:
   }
 
 
-def _gradient_variance(root: pathlib.Path, reward: np.ndarray, likelihood: str, draws: int):
+def _gradient_variance(loaded, reward: np.ndarray, likelihood: str, draws: int):
   """Trace of the covariance of the update's gradient at the base params (the policy is the
   reference there, so the KL term is 0), over fresh rollouts and estimator draws."""
-  loaded = md4jax.load(root / "base")
   config = loaded.config.copy_and_resolve_references()
   config.post_train.update(likelihood=likelihood, likelihood_draws=draws)
   length, rows = loaded.config.data.seq_len, GROUPS * GROUP_SIZE
@@ -182,7 +181,7 @@ def main(argv):
     report["estimators"][label] = {
       "calls_per_estimate": calls,
       "steps": steps,
-      "gradient_variance": _gradient_variance(root, reward, likelihood, draws),
+      "gradient_variance": _gradient_variance(base, reward, likelihood, draws),
       **{
         name: _summary([run[name] for run in runs])
         for name in ("reward_mean", "bigram_tv_to_optimum", "seconds")
